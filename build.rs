@@ -1,0 +1,23 @@
+//! Compiles `proto/` with protox (a pure-Rust protobuf compiler) so no `protoc`
+//! binary is needed on any machine, and writes the descriptor set that gRPC
+//! reflection serves (with source info, so `grpcurl describe` shows comments).
+use protox::prost::Message as _;
+use std::{env, fs, path::PathBuf};
+
+const PROTO: &str = "bladbase/ratelimit/v1/ratelimit.proto";
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    let fds = protox::compile([PROTO], ["proto"])?;
+    fs::write(
+        out_dir.join("ratelimit_descriptor.bin"),
+        fds.encode_to_vec(),
+    )?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    // compile_fds does not emit this itself.
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

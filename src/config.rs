@@ -1,0 +1,166 @@
+//! Command-line flags and environment variables, and turning them into a running
+//! configuration. Every flag has an environment variable (Cloud Run passes config as
+//! env); the store switch lives here, so adding a backend is one arm in [`build_store`].
+
+use crate::clock::SharedClock;
+use crate::limiter::{Limiter, LimiterOptions};
+use crate::limits::{Limits, LimitsError};
+use crate::store::{CounterStore, MemoryStore};
+use clap::{Args, Parser, Subcommand};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Environment variable holding the admin token for `Reset` (never a flag: flags show
+/// up in process listings).
+pub const ADMIN_TOKEN_ENV: &str = "RATELIMIT_ADMIN_TOKEN";
+
+/// `ratelimit`: Bladbase's rate-decision service and its command-line client.
+#[derive(Debug, Parser)]
+#[command(name = "ratelimit", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gRPC rate-decision service.
+    #[command(
+        after_help = "Environment:\n  RATELIMIT_ADMIN_TOKEN  enables the Reset RPC for callers presenting `authorization: Bearer <token>` (unset: Reset answers FAILED_PRECONDITION)\n  RUST_LOG               log filter, e.g. `info` (default) or `ratelimit=debug`"
+    )]
+    Serve(ServeArgs),
+    /// Validate limits files.
+    Limits {
+        /// What to do with limits.
+        #[command(subcommand)]
+        command: LimitsCommand,
+    },
+}
+
+/// `ratelimit limits ...`
+#[derive(Debug, Subcommand)]
+pub enum LimitsCommand {
+    /// Validate a limits file: print the limits (exit 0) or the exact problem (exit 1).
+    Check {
+        /// The limits file (TOML).
+        file: PathBuf,
+    },
+}
+
+/// Flags of `ratelimit serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Port to listen on (all interfaces). Cloud Run sets PORT.
+    #[arg(long, env = "PORT", default_value_t = 50051)]
+    pub port: u16,
+
+    /// Full listen address; overrides --port (e.g. 127.0.0.1:50051).
+    #[arg(long, env = "RATELIMIT_LISTEN")]
+    pub listen: Option<SocketAddr>,
+
+    /// Limits file (TOML). Without it: `mcp` = 120 requests per 60 s, the default limit.
+    #[arg(long, env = "RATELIMIT_LIMITS")]
+    pub limits: Option<PathBuf>,
+
+    /// Longest a decision waits for the store before failing open (e.g. 1.5s, 800ms).
+    #[arg(long, env = "RATELIMIT_STORE_TIMEOUT", default_value = "1.5s", value_parser = parse_duration)]
+    pub store_timeout: Duration,
+}
+
+impl ServeArgs {
+    /// The address to listen on.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen.unwrap_or(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            self.port,
+        ))
+    }
+}
+
+/// Parses a human duration such as `1.5s`, `800ms`, `2m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    // humantime has no fractional units; accept "1.5s" as operators naturally write it.
+    if let Some(secs) = s.strip_suffix('s').filter(|n| n.contains('.')) {
+        let v: f64 = secs
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration like 1.5s or 800ms"))?;
+        if !(v.is_finite() && v > 0.0 && v < 86_400.0) {
+            return Err(format!("{s:?} must be a positive duration under a day"));
+        }
+        return Ok(Duration::from_secs_f64(v));
+    }
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 1.5s or 800ms: {e}"))?;
+    if d.is_zero() {
+        return Err(format!("{s:?} must be longer than zero"));
+    }
+    Ok(d)
+}
+
+/// Why the service could not be configured.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The limits file is bad.
+    #[error(transparent)]
+    Limits(#[from] LimitsError),
+}
+
+/// Loads the limits named by `path`, or the built-in set.
+pub fn load_limits(path: Option<&std::path::Path>) -> Result<Limits, LimitsError> {
+    match path {
+        Some(p) => Limits::load(p),
+        None => Ok(Limits::builtin()),
+    }
+}
+
+/// The store the flags select. Adding a backend is one arm here.
+pub async fn build_store(
+    _args: &ServeArgs,
+    clock: SharedClock,
+) -> Result<Arc<dyn CounterStore>, ConfigError> {
+    Ok(Arc::new(MemoryStore::new(clock)))
+}
+
+/// The limiter the flags describe.
+pub async fn build_limiter(args: &ServeArgs, clock: SharedClock) -> Result<Limiter, ConfigError> {
+    let limits = load_limits(args.limits.as_deref())?;
+    let store = build_store(args, clock.clone()).await?;
+    Ok(Limiter::new(
+        limits,
+        store,
+        clock,
+        LimiterOptions {
+            store_timeout: args.store_timeout,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_accept_fractions_and_units() {
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1_500)));
+        assert_eq!(parse_duration("800ms"), Ok(Duration::from_millis(800)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("-1.5s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn default_listen_address_is_all_interfaces_on_port() {
+        let cli = Cli::try_parse_from(["ratelimit", "serve", "--port", "6000"]).expect("parses");
+        let Command::Serve(args) = cli.command else {
+            panic!("serve expected");
+        };
+        assert_eq!(args.listen_addr().to_string(), "0.0.0.0:6000");
+        assert_eq!(args.store_timeout, Duration::from_millis(1_500));
+    }
+}

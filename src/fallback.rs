@@ -1,0 +1,233 @@
+//! Failing open: how a decision is made when the shared store cannot make it.
+//!
+//! ADR-0006 says a store that is late or failing must not slow or break callers. Each
+//! limit's `on_store_failure` policy picks the answer:
+//! - `local` (default): this instance's own fixed window (a [`MemoryStore`]), so during
+//!   an outage each instance still admits at most `limit` per window and the real limit
+//!   is at most `limit × instances`;
+//! - `allow`: admit everything;
+//! - `deny`: refuse everything (for limits where admitting too much is worse than
+//!   admitting nothing, such as sign-in attempts).
+//!
+//! Every such decision says `shared = false`. The logging is aggregated (see
+//! [`FallbackLog`]): an outage at 1,000 checks/s must not write 1,000 lines a second.
+
+use crate::clock::SharedClock;
+use crate::limiter::{Decision, Source};
+use crate::limits::{FailurePolicy, Limit};
+use crate::store::{MemoryStore, Outcome, StoreError};
+use crate::window;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How often the aggregated fallback summary is written while fallbacks continue.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Per-instance decisions for when the store fails.
+pub struct Fallback {
+    local: MemoryStore,
+    clock: SharedClock,
+    log: FallbackLog,
+}
+
+impl Fallback {
+    /// A fallback with an empty local window.
+    pub fn new(clock: SharedClock) -> Self {
+        Self {
+            local: MemoryStore::new(clock.clone()),
+            clock,
+            log: FallbackLog::default(),
+        }
+    }
+
+    /// Decides `cost` hits for `key` under `limit` without the store, after `error`.
+    pub fn decide(&self, limit: &Limit, key: &str, cost: u32, error: &StoreError) -> Decision {
+        let now = self.clock.now_ms();
+        let window = window::number(now, limit.window_ms);
+        let (outcome, source) = match limit.on_store_failure {
+            FailurePolicy::Local => {
+                let admission = self.local.admit_now(limit, key, window, &[cost]);
+                let outcome = admission.outcomes.first().copied().unwrap_or(Outcome {
+                    allowed: false,
+                    count: limit.requests,
+                });
+                (outcome, Source::LocalFallback)
+            }
+            FailurePolicy::Allow => (
+                Outcome {
+                    allowed: true,
+                    count: cost,
+                },
+                Source::FailurePolicy,
+            ),
+            FailurePolicy::Deny => (
+                Outcome {
+                    allowed: false,
+                    count: limit.requests,
+                },
+                Source::FailurePolicy,
+            ),
+        };
+        self.log.record(limit, error, outcome.allowed);
+        Decision::from_outcome(limit, now, window, outcome, source)
+    }
+
+    /// Reports `key`'s local window without counting, after `error`.
+    pub fn peek(&self, limit: &Limit, key: &str, error: &StoreError) -> Decision {
+        let now = self.clock.now_ms();
+        let window = window::number(now, limit.window_ms);
+        tracing::debug!(limit = %limit.name, reason = error.kind(), "peek answered from the local window");
+        Decision::from_state(
+            limit,
+            now,
+            self.local.peek_now(limit, key, window),
+            Source::LocalFallback,
+        )
+    }
+
+    /// Clears `key`'s local window.
+    pub fn reset(&self, limit: &Limit, key: &str, window: i64) {
+        self.local.reset_now(limit, key, window);
+    }
+
+    /// The aggregated log, for tests.
+    pub fn log(&self) -> &FallbackLog {
+        &self.log
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Tally {
+    fallbacks: u64,
+    admitted: u64,
+    denied: u64,
+}
+
+#[derive(Default)]
+struct LogState {
+    since: Option<Instant>,
+    tallies: HashMap<(String, &'static str), Tally>,
+    lines: u64,
+}
+
+/// Aggregates fallback events into a few log lines.
+///
+/// The first fallback for a `(limit, reason)` pair is logged at once (operators need to
+/// know an outage started); after that, counts are summed and written as one line per
+/// pair every [`LOG_INTERVAL`].
+#[derive(Default)]
+pub struct FallbackLog {
+    state: Mutex<LogState>,
+}
+
+impl FallbackLog {
+    fn record(&self, limit: &Limit, error: &StoreError, allowed: bool) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let since = *state.since.get_or_insert(now);
+        let key = (limit.name.to_string(), error.kind());
+        let first = !state.tallies.contains_key(&key);
+        let tally = state.tallies.entry(key).or_default();
+        tally.fallbacks += 1;
+        if allowed {
+            tally.admitted += 1;
+        } else {
+            tally.denied += 1;
+        }
+        if first {
+            state.lines += 1;
+            tracing::warn!(
+                limit = %limit.name,
+                reason = error.kind(),
+                error = %error,
+                policy = %limit.on_store_failure,
+                "store failed; deciding without it (shared=false)"
+            );
+        }
+        if now.duration_since(since) >= LOG_INTERVAL {
+            let elapsed = now.duration_since(since);
+            let tallies = std::mem::take(&mut state.tallies);
+            for ((limit, reason), t) in &tallies {
+                tracing::warn!(
+                    limit = %limit,
+                    reason,
+                    fallbacks = t.fallbacks,
+                    admitted = t.admitted,
+                    denied = t.denied,
+                    seconds = elapsed.as_secs(),
+                    "fallback decisions (shared=false) since the last report"
+                );
+            }
+            state.lines += tallies.len() as u64;
+            state.since = Some(now);
+            // Keep the pairs known so the next event is not logged as a "first".
+            state.tallies = tallies.into_keys().map(|k| (k, Tally::default())).collect();
+        }
+    }
+
+    /// Lines written so far.
+    pub fn lines(&self) -> u64 {
+        self.state.lock().map(|s| s.lines).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::sync::Arc;
+
+    fn fb() -> Fallback {
+        Fallback::new(Arc::new(ManualClock::new(60_000)))
+    }
+
+    fn err() -> StoreError {
+        StoreError::Connect("refused".into())
+    }
+
+    #[test]
+    fn local_policy_counts_a_per_instance_window() {
+        let f = fb();
+        let l = Limit::new("t", 2, Duration::from_secs(60));
+        let got: Vec<bool> = (0..3)
+            .map(|_| f.decide(&l, "k", 1, &err()).allowed)
+            .collect();
+        assert_eq!(got, [true, true, false]);
+        let d = f.decide(&l, "k", 1, &err());
+        assert!(!d.shared);
+        assert_eq!(d.source, Source::LocalFallback);
+        assert_eq!(d.retry_after, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn allow_and_deny_policies_do_what_they_say() {
+        let f = fb();
+        let allow = Limit::new("a", 1, Duration::from_secs(60)).with_policy(FailurePolicy::Allow);
+        let deny = Limit::new("d", 1, Duration::from_secs(60)).with_policy(FailurePolicy::Deny);
+        for _ in 0..5 {
+            let a = f.decide(&allow, "k", 1, &err());
+            assert!(a.allowed && !a.shared);
+            assert_eq!(a.source, Source::FailurePolicy);
+            let d = f.decide(&deny, "k", 1, &err());
+            assert!(!d.allowed && !d.shared);
+            assert_eq!((d.remaining, d.source), (0, Source::FailurePolicy));
+        }
+    }
+
+    #[test]
+    fn an_outage_writes_one_line_per_limit_and_reason_not_one_per_check() {
+        let f = fb();
+        let l = Limit::new("t", 100, Duration::from_secs(60));
+        for _ in 0..1_000 {
+            f.decide(&l, "k", 1, &err());
+            f.decide(
+                &l,
+                "k",
+                1,
+                &StoreError::Timeout(Duration::from_millis(1_500)),
+            );
+        }
+        assert_eq!(f.log().lines(), 2);
+    }
+}

@@ -1,0 +1,39 @@
+//! # bladbase-ratelimit
+//!
+//! The rate-decision service Bladbase runs on Cloud Run. Callers (the MCP service,
+//! uploads, sign-in) ask `Check(limit, key, cost)` over gRPC; counters are fixed windows
+//! shared by every instance through a store (Firebase Realtime Database in production,
+//! process memory by default); when the store is late or failing the service fails open
+//! to a per-instance window and says so (`shared = false`).
+//!
+//! ## Map of the crate (read in this order)
+//!
+//! - [`limits`]: named limits from a TOML file, validated at startup.
+//! - [`window`], [`clock`]: fixed-window arithmetic and the injectable clock.
+//! - [`limiter`]: the decision path, top to bottom; no gRPC in it.
+//! - [`fallback`]: what happens when the store cannot answer (per-limit policy).
+//! - [`store`]: the [`store::CounterStore`] trait and its backends
+//!   ([`store::MemoryStore`], [`store::rtdb`]).
+//! - [`server`]: the gRPC server (service, health, reflection, admin auth).
+//! - [`config`]: command-line flags and environment variables.
+//! - [`pb`]: generated protobuf code.
+//!
+//! The binary (`src/main.rs`) only parses flags and wires these together.
+
+pub mod clock;
+pub mod config;
+pub mod fallback;
+pub mod limiter;
+pub mod limits;
+pub mod pb;
+pub mod server;
+pub mod store;
+pub mod window;
+
+/// Installs the process-wide rustls crypto provider (ring). reqwest is built without a
+/// provider of its own (so only one is compiled in) and panics on `Client::new()` unless
+/// one is installed; every process and test that builds an HTTP client calls this first.
+/// Calling it again is harmless.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

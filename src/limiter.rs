@@ -1,0 +1,323 @@
+//! The decision path: from "(limit, key, cost)" to a [`Decision`], knowing nothing of gRPC.
+//!
+//! Read top to bottom, [`Limiter::check`] is the whole story:
+//! 1. resolve the limit and validate the input (typed [`CheckError`]s, mapped to gRPC
+//!    status codes by `server.rs`);
+//! 2. compute the window from the injected clock;
+//! 3. ask the store, within a budget of `min(store_timeout, caller's deadline − margin)`;
+//! 4. if the store is late or failing, fail open according to the limit's policy
+//!    (`fallback.rs`): the answer then says `shared = false`.
+//!
+//! A store failure is never an error here; only bad input is.
+
+use crate::clock::SharedClock;
+use crate::fallback::Fallback;
+use crate::limits::{Limit, Limits, UnknownLimit};
+use crate::store::{CounterStore, Outcome, StoreError, WindowCount};
+use crate::window;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest accepted key, in bytes of UTF-8.
+pub const MAX_KEY_BYTES: usize = 512;
+/// Default store budget per decision (ADR-0006: 1.5 s).
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(1_500);
+
+/// Where a decision came from (mirrors the proto's `Source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The shared store decided.
+    Store,
+    /// The key was known to be exhausted for this window; no store call was made.
+    DenyCache,
+    /// The store failed; this instance's own window decided.
+    LocalFallback,
+    /// The store failed; the limit's `allow`/`deny` policy decided.
+    FailurePolicy,
+    /// The client library could not reach the service and decided alone.
+    ClientFallback,
+}
+
+impl Source {
+    /// A short, stable name for logs, metrics and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Store => "store",
+            Source::DenyCache => "deny_cache",
+            Source::LocalFallback => "local_fallback",
+            Source::FailurePolicy => "failure_policy",
+            Source::ClientFallback => "client_fallback",
+        }
+    }
+}
+
+/// A rate decision, with everything a caller needs for its response headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request is admitted (its cost has been counted).
+    pub allowed: bool,
+    /// Requests per window (`x-ratelimit-limit`).
+    pub limit: u32,
+    /// Requests left in this window after this decision (`x-ratelimit-remaining`).
+    pub remaining: u32,
+    /// Time until the window ends, whole seconds rounded up (`x-ratelimit-reset`).
+    pub reset_after: Duration,
+    /// When denied: time to wait, whole seconds rounded up (`retry-after`).
+    pub retry_after: Option<Duration>,
+    /// False when this instance decided alone.
+    pub shared: bool,
+    /// Where the decision came from.
+    pub source: Source,
+    /// The limit that decided.
+    pub limit_name: Arc<str>,
+    /// The window number.
+    pub window: i64,
+}
+
+impl Decision {
+    /// A decision for `limit` at `now_ms` from a counter `outcome` in `window`.
+    pub fn from_outcome(
+        limit: &Limit,
+        now_ms: u64,
+        window: i64,
+        outcome: Outcome,
+        source: Source,
+    ) -> Self {
+        let reset_after = whole_secs(window::until_end(now_ms, window, limit.window_ms));
+        Self {
+            allowed: outcome.allowed,
+            limit: limit.requests,
+            remaining: limit.requests.saturating_sub(outcome.count),
+            reset_after,
+            retry_after: (!outcome.allowed).then_some(reset_after),
+            shared: matches!(source, Source::Store | Source::DenyCache),
+            source,
+            limit_name: limit.name.clone(),
+            window,
+        }
+    }
+
+    /// A decision that only reports `state` (a peek): allowed iff one more hit would fit.
+    pub fn from_state(limit: &Limit, now_ms: u64, state: WindowCount, source: Source) -> Self {
+        let outcome = Outcome {
+            allowed: state.count < limit.requests,
+            count: state.count,
+        };
+        Self::from_outcome(limit, now_ms, state.window, outcome, source)
+    }
+}
+
+fn whole_secs(d: Duration) -> Duration {
+    Duration::from_secs(window::ceil_secs(d))
+}
+
+/// Bad input. Each message names the field and the rule.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum CheckError {
+    /// `key` is empty.
+    #[error("key: must not be empty")]
+    EmptyKey,
+    /// `key` is longer than [`MAX_KEY_BYTES`].
+    #[error("key: must be at most {MAX_KEY_BYTES} bytes of UTF-8, got {0} bytes")]
+    KeyTooLong(usize),
+    /// `cost` exceeds the limit's requests, so it could never be admitted.
+    #[error("cost: must not exceed the {requests} requests of limit {limit:?}, got {cost}")]
+    CostTooLarge {
+        cost: u32,
+        requests: u32,
+        limit: String,
+    },
+    /// The limit name is not configured.
+    #[error(transparent)]
+    UnknownLimit(#[from] UnknownLimit),
+}
+
+/// Checks a key against the key rules (DESIGN §3).
+pub fn validate_key(key: &str) -> Result<(), CheckError> {
+    match key.len() {
+        0 => Err(CheckError::EmptyKey),
+        n if n > MAX_KEY_BYTES => Err(CheckError::KeyTooLong(n)),
+        _ => Ok(()),
+    }
+}
+
+/// Resolves `cost` (0 means 1) and checks that it can ever fit in `limit`.
+pub fn resolve_cost(limit: &Limit, cost: u32) -> Result<u32, CheckError> {
+    let cost = cost.max(1);
+    if cost > limit.requests {
+        return Err(CheckError::CostTooLarge {
+            cost,
+            requests: limit.requests,
+            limit: limit.name.to_string(),
+        });
+    }
+    Ok(cost)
+}
+
+/// What a reset did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetOutcome {
+    /// The limit whose window was cleared.
+    pub limit_name: Arc<str>,
+    /// The window number at the time of the reset.
+    pub window: i64,
+    /// False when the store failed and only this instance's window was cleared.
+    pub shared: bool,
+}
+
+/// Tunables of the decision path.
+#[derive(Debug, Clone)]
+pub struct LimiterOptions {
+    /// The longest a decision waits for the store.
+    pub store_timeout: Duration,
+}
+
+impl Default for LimiterOptions {
+    fn default() -> Self {
+        Self {
+            store_timeout: DEFAULT_STORE_TIMEOUT,
+        }
+    }
+}
+
+/// Makes rate decisions for the configured limits against one store.
+pub struct Limiter {
+    limits: Limits,
+    store: Arc<dyn CounterStore>,
+    fallback: Fallback,
+    clock: SharedClock,
+    options: LimiterOptions,
+}
+
+impl Limiter {
+    /// A limiter over `store`, deciding by `clock`.
+    pub fn new(
+        limits: Limits,
+        store: Arc<dyn CounterStore>,
+        clock: SharedClock,
+        options: LimiterOptions,
+    ) -> Self {
+        Self {
+            fallback: Fallback::new(clock.clone()),
+            limits,
+            store,
+            clock,
+            options,
+        }
+    }
+
+    /// The configured limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The store's name, for logs.
+    pub fn store_name(&self) -> &'static str {
+        self.store.name()
+    }
+
+    /// The store budget for a call whose caller allows `deadline` (if it set one).
+    fn budget(&self, deadline: Option<Duration>) -> Duration {
+        // Keep a margin for the fallback decision and the response's trip back, so a
+        // caller with a short deadline gets a fallback answer rather than DEADLINE_EXCEEDED.
+        const MARGIN: Duration = Duration::from_millis(50);
+        match deadline {
+            Some(d) => self.options.store_timeout.min(d.saturating_sub(MARGIN)),
+            None => self.options.store_timeout,
+        }
+    }
+
+    /// Counts `cost` hits (0 means 1) for `key` under the limit `limit_name` (empty: the default).
+    /// `deadline` is the time the caller will still wait, if known.
+    pub async fn check(
+        &self,
+        limit_name: &str,
+        key: &str,
+        cost: u32,
+        deadline: Option<Duration>,
+    ) -> Result<Decision, CheckError> {
+        let limit = self.limits.get(limit_name)?;
+        validate_key(key)?;
+        let cost = resolve_cost(limit, cost)?;
+        let now = self.clock.now_ms();
+        let window = window::number(now, limit.window_ms);
+
+        let budget = self.budget(deadline);
+        let result =
+            match tokio::time::timeout(budget, self.store.admit(limit, key, window, &[cost])).await
+            {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout(budget)),
+            };
+        match result {
+            Ok(admission) => match admission.outcomes.first() {
+                Some(&outcome) => Ok(Decision::from_outcome(
+                    limit,
+                    now,
+                    admission.window,
+                    outcome,
+                    Source::Store,
+                )),
+                None => Ok(self.fallback.decide(
+                    limit,
+                    key,
+                    cost,
+                    &StoreError::Malformed {
+                        path: format!("{}/{key}", limit.name),
+                        detail: "store returned no outcome".into(),
+                    },
+                )),
+            },
+            Err(e) => Ok(self.fallback.decide(limit, key, cost, &e)),
+        }
+    }
+
+    /// The key's current window without counting a hit.
+    pub async fn peek(
+        &self,
+        limit_name: &str,
+        key: &str,
+        deadline: Option<Duration>,
+    ) -> Result<Decision, CheckError> {
+        let limit = self.limits.get(limit_name)?;
+        validate_key(key)?;
+        let now = self.clock.now_ms();
+        let window = window::number(now, limit.window_ms);
+        let budget = self.budget(deadline);
+        match tokio::time::timeout(budget, self.store.peek(limit, key, window)).await {
+            Ok(Ok(state)) => Ok(Decision::from_state(limit, now, state, Source::Store)),
+            Ok(Err(e)) => Ok(self.fallback.peek(limit, key, &e)),
+            Err(_) => Ok(self.fallback.peek(limit, key, &StoreError::Timeout(budget))),
+        }
+    }
+
+    /// Clears the key's window, in the store and in this instance's fallback window.
+    pub async fn reset(
+        &self,
+        limit_name: &str,
+        key: &str,
+        deadline: Option<Duration>,
+    ) -> Result<ResetOutcome, CheckError> {
+        let limit = self.limits.get(limit_name)?;
+        validate_key(key)?;
+        let window = window::number(self.clock.now_ms(), limit.window_ms);
+        self.fallback.reset(limit, key, window);
+        let budget = self.budget(deadline);
+        let shared = match tokio::time::timeout(budget, self.store.reset(limit, key)).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(limit = %limit.name, error = %e, "reset reached only this instance: store failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(limit = %limit.name, ?budget, "reset reached only this instance: store timed out");
+                false
+            }
+        };
+        Ok(ResetOutcome {
+            limit_name: limit.name.clone(),
+            window,
+            shared,
+        })
+    }
+}

@@ -1,0 +1,523 @@
+//! Named limits: what "120 requests a minute" means for each caller, and where it comes from.
+//!
+//! Limits are read once at startup from a TOML file (or the built-in default, `mcp` =
+//! 120 per 60 s) and validated completely before the server listens: a bad file stops
+//! startup with a message that names the file, the limit and the problem, because a
+//! limiter silently running on the wrong numbers is worse than one that does not start.
+//!
+//! ```toml
+//! [[limit]]
+//! name = "mcp"
+//! requests = 120
+//! window = "60s"
+//! default = true
+//!
+//! [[limit]]
+//! name = "signin"
+//! requests = 5
+//! window = "15m"
+//! on_store_failure = "deny"
+//! ```
+
+use serde::Deserialize;
+use std::collections::HashSet;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest accepted limit name. Names become RTDB path segments and metric labels.
+pub const MAX_NAME_LEN: usize = 64;
+/// Shortest window: below a second the 1.5 s store budget is longer than the window itself.
+pub const MIN_WINDOW: Duration = Duration::from_secs(1);
+/// Longest window: 31 days. Anything longer is a quota, not a rate limit.
+pub const MAX_WINDOW: Duration = Duration::from_secs(31 * 24 * 3600);
+/// Largest `requests` value; keeps `count + cost` far from overflow everywhere.
+pub const MAX_REQUESTS: u32 = 1_000_000_000;
+
+/// What the limiter does when the shared store cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailurePolicy {
+    /// Decide from this instance's own window (the ADR's fail-open rule).
+    #[default]
+    Local,
+    /// Admit everything while the store is failing.
+    Allow,
+    /// Refuse everything while the store is failing (for paranoid limits such as sign-in).
+    Deny,
+}
+
+impl FailurePolicy {
+    /// The policy's name as written in the limits file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Local => "local",
+            FailurePolicy::Allow => "allow",
+            FailurePolicy::Deny => "deny",
+        }
+    }
+}
+
+impl fmt::Display for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One named limit: `requests` hits per `window` for each key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    /// The name callers use (`CheckRequest.limit`) and the RTDB path segment.
+    pub name: Arc<str>,
+    /// Hits admitted per window for one key.
+    pub requests: u32,
+    /// The window length in milliseconds (never zero).
+    pub window_ms: u64,
+    /// What to do when the store fails.
+    pub on_store_failure: FailurePolicy,
+}
+
+impl Limit {
+    /// A limit with the default failure policy. Panics never; validation happens in [`Limits::new`].
+    pub fn new(name: &str, requests: u32, window: Duration) -> Self {
+        Self {
+            name: Arc::from(name),
+            requests,
+            window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
+            on_store_failure: FailurePolicy::Local,
+        }
+    }
+
+    /// The same limit with another failure policy.
+    pub fn with_policy(mut self, policy: FailurePolicy) -> Self {
+        self.on_store_failure = policy;
+        self
+    }
+
+    /// The window as a [`Duration`].
+    pub fn window(&self) -> Duration {
+        Duration::from_millis(self.window_ms)
+    }
+}
+
+/// Why a set of limits was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LimitsError {
+    /// The file could not be read.
+    #[error("{origin}: cannot read the limits file: {reason}")]
+    Read { origin: String, reason: String },
+    /// The file is not valid TOML or has unknown or mistyped fields.
+    #[error("{origin}: {reason}")]
+    Parse { origin: String, reason: String },
+    /// One limit breaks a rule.
+    #[error("{origin}: limit {limit:?}: {problem}")]
+    Invalid {
+        origin: String,
+        limit: String,
+        problem: String,
+    },
+    /// The set as a whole breaks a rule (no limits, no default, several defaults).
+    #[error("{origin}: {problem}")]
+    Set { origin: String, problem: String },
+}
+
+/// The limits file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSpec {
+    #[serde(default)]
+    limit: Vec<LimitSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitSpec {
+    name: String,
+    requests: i64,
+    window: String,
+    #[serde(default)]
+    default: bool,
+    #[serde(default)]
+    on_store_failure: FailurePolicy,
+}
+
+/// The validated, immutable set of limits the service runs with.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    limits: Vec<Arc<Limit>>,
+    default: usize,
+}
+
+/// The name asked for is not configured.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("unknown limit {name:?}; known limits: {known}")]
+pub struct UnknownLimit {
+    /// The name that was asked for.
+    pub name: String,
+    /// The configured names, comma separated.
+    pub known: String,
+}
+
+impl Limits {
+    /// The built-in set: `mcp` = 120 per 60 s, the default.
+    pub fn builtin() -> Self {
+        Self {
+            limits: vec![Arc::new(Limit::new("mcp", 120, Duration::from_secs(60)))],
+            default: 0,
+        }
+    }
+
+    /// Validates `limits`; `default` names the default limit. `origin` names the source in errors.
+    pub fn new(origin: &str, limits: Vec<Limit>, default: &str) -> Result<Self, LimitsError> {
+        let mut seen = HashSet::new();
+        for l in &limits {
+            validate(origin, l)?;
+            if !seen.insert(l.name.clone()) {
+                return Err(invalid(
+                    origin,
+                    &l.name,
+                    "duplicate name; each limit needs its own",
+                ));
+            }
+        }
+        let default = limits
+            .iter()
+            .position(|l| &*l.name == default)
+            .ok_or_else(|| LimitsError::Set {
+                origin: origin.to_owned(),
+                problem: format!("the default limit {default:?} is not defined"),
+            })?;
+        Ok(Self {
+            limits: limits.into_iter().map(Arc::new).collect(),
+            default,
+        })
+    }
+
+    /// Parses and validates a limits file's text. `origin` names the file in errors.
+    pub fn from_toml(origin: &str, text: &str) -> Result<Self, LimitsError> {
+        let spec: FileSpec = toml::from_str(text).map_err(|e| LimitsError::Parse {
+            origin: origin.to_owned(),
+            reason: e.to_string().trim_end().to_owned(),
+        })?;
+        if spec.limit.is_empty() {
+            return Err(LimitsError::Set {
+                origin: origin.to_owned(),
+                problem: "no limits defined; add at least one [[limit]] table".into(),
+            });
+        }
+        let defaults: Vec<&str> = spec
+            .limit
+            .iter()
+            .filter(|l| l.default)
+            .map(|l| l.name.as_str())
+            .collect();
+        let default = match (defaults.as_slice(), spec.limit.as_slice()) {
+            ([one], _) => (*one).to_owned(),
+            ([], [only]) => only.name.clone(),
+            ([], _) => {
+                return Err(LimitsError::Set {
+                    origin: origin.to_owned(),
+                    problem: "no default limit; mark exactly one limit with `default = true`"
+                        .into(),
+                });
+            }
+            (many, _) => {
+                return Err(LimitsError::Set {
+                    origin: origin.to_owned(),
+                    problem: format!(
+                        "several default limits ({}); mark exactly one with `default = true`",
+                        many.join(", ")
+                    ),
+                });
+            }
+        };
+        let mut limits = Vec::with_capacity(spec.limit.len());
+        for s in spec.limit {
+            let requests = u32::try_from(s.requests)
+                .map_err(|_| invalid(origin, &s.name, &requests_rule(s.requests)))?;
+            let window = humantime::parse_duration(s.window.trim()).map_err(|e| {
+                invalid(
+                    origin,
+                    &s.name,
+                    &format!(
+                        "window {:?} is not a duration like \"60s\", \"15m\" or \"1h\" ({e})",
+                        s.window
+                    ),
+                )
+            })?;
+            limits.push(Limit::new(&s.name, requests, window).with_policy(s.on_store_failure));
+        }
+        Self::new(origin, limits, &default)
+    }
+
+    /// Reads, parses and validates the limits file at `path`.
+    pub fn load(path: &Path) -> Result<Self, LimitsError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| LimitsError::Read {
+            origin: origin.clone(),
+            reason: e.to_string(),
+        })?;
+        Self::from_toml(&origin, &text)
+    }
+
+    /// The limit called `name`; the default limit when `name` is empty.
+    pub fn get(&self, name: &str) -> Result<&Arc<Limit>, UnknownLimit> {
+        if name.is_empty() {
+            return Ok(self.default_limit());
+        }
+        self.limits
+            .iter()
+            .find(|l| &*l.name == name)
+            .ok_or_else(|| UnknownLimit {
+                name: name.to_owned(),
+                known: self.names().join(", "),
+            })
+    }
+
+    /// The limit used when a request names none.
+    pub fn default_limit(&self) -> &Arc<Limit> {
+        &self.limits[self.default]
+    }
+
+    /// Every limit, in file order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Limit>> {
+        self.limits.iter()
+    }
+
+    /// Every limit's name, in file order.
+    pub fn names(&self) -> Vec<&str> {
+        self.limits.iter().map(|l| &*l.name).collect()
+    }
+
+    /// One line for the startup log: `mcp=120/60s (default), signin=5/900s`.
+    pub fn summary(&self) -> String {
+        self.limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let mark = if i == self.default { " (default)" } else { "" };
+                format!(
+                    "{}={}/{}{} on_store_failure={}",
+                    l.name,
+                    l.requests,
+                    humantime::format_duration(l.window()),
+                    mark,
+                    l.on_store_failure
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+fn requests_rule(got: i64) -> String {
+    format!("requests must be between 1 and {MAX_REQUESTS}, got {got}")
+}
+
+fn invalid(origin: &str, limit: &str, problem: &str) -> LimitsError {
+    LimitsError::Invalid {
+        origin: origin.to_owned(),
+        limit: limit.to_owned(),
+        problem: problem.to_owned(),
+    }
+}
+
+fn validate(origin: &str, l: &Limit) -> Result<(), LimitsError> {
+    let name_ok = !l.name.is_empty()
+        && l.name.len() <= MAX_NAME_LEN
+        && l.name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !name_ok {
+        return Err(invalid(
+            origin,
+            &l.name,
+            &format!("name must be 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ -"),
+        ));
+    }
+    if l.requests == 0 || l.requests > MAX_REQUESTS {
+        return Err(invalid(
+            origin,
+            &l.name,
+            &requests_rule(i64::from(l.requests)),
+        ));
+    }
+    let window = l.window();
+    if window < MIN_WINDOW || window > MAX_WINDOW || !l.window_ms.is_multiple_of(1_000) {
+        return Err(invalid(
+            origin,
+            &l.name,
+            &format!(
+                "window must be whole seconds between {} and {}, got {}",
+                humantime::format_duration(MIN_WINDOW),
+                humantime::format_duration(MAX_WINDOW),
+                humantime::format_duration(window)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Limits, LimitsError> {
+        Limits::from_toml("limits.toml", text)
+    }
+
+    #[test]
+    fn builtin_is_mcp_120_per_minute() {
+        let l = Limits::builtin();
+        let d = l.default_limit();
+        assert_eq!((&*d.name, d.requests, d.window_ms), ("mcp", 120, 60_000));
+        assert_eq!(d.on_store_failure, FailurePolicy::Local);
+        assert_eq!(l.get("").map(|l| l.requests), Ok(120));
+    }
+
+    #[test]
+    fn parses_names_windows_policies_and_default() {
+        let l = parse(
+            r#"
+            [[limit]]
+            name = "mcp"
+            requests = 120
+            window = "60s"
+            default = true
+
+            [[limit]]
+            name = "uploads"
+            requests = 20
+            window = "1h"
+            on_store_failure = "allow"
+
+            [[limit]]
+            name = "signin"
+            requests = 5
+            window = "15m"
+            on_store_failure = "deny"
+            "#,
+        )
+        .expect("valid file");
+        assert_eq!(l.names(), ["mcp", "uploads", "signin"]);
+        assert_eq!(&*l.default_limit().name, "mcp");
+        let up = l.get("uploads").expect("uploads");
+        assert_eq!(
+            (up.requests, up.window_ms, up.on_store_failure),
+            (20, 3_600_000, FailurePolicy::Allow)
+        );
+        let si = l.get("signin").expect("signin");
+        assert_eq!(
+            (si.requests, si.window_ms, si.on_store_failure),
+            (5, 900_000, FailurePolicy::Deny)
+        );
+        assert!(
+            l.summary().contains("mcp=120/1m (default)"),
+            "{}",
+            l.summary()
+        );
+    }
+
+    #[test]
+    fn single_limit_is_the_default() {
+        let l = parse("[[limit]]\nname = \"a\"\nrequests = 1\nwindow = \"1s\"\n").expect("valid");
+        assert_eq!(&*l.default_limit().name, "a");
+    }
+
+    fn err(text: &str) -> String {
+        parse(text).expect_err("must be refused").to_string()
+    }
+
+    #[test]
+    fn zero_requests_is_refused_naming_file_and_limit() {
+        let e = err("[[limit]]\nname = \"mcp\"\nrequests = 0\nwindow = \"60s\"\n");
+        assert_eq!(
+            e,
+            "limits.toml: limit \"mcp\": requests must be between 1 and 1000000000, got 0"
+        );
+    }
+
+    #[test]
+    fn negative_requests_is_refused() {
+        let e = err("[[limit]]\nname = \"mcp\"\nrequests = -5\nwindow = \"60s\"\n");
+        assert!(
+            e.contains("limit \"mcp\": requests must be between 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn zero_and_odd_windows_are_refused() {
+        let e = err("[[limit]]\nname = \"mcp\"\nrequests = 5\nwindow = \"0s\"\n");
+        assert!(
+            e.starts_with("limits.toml: limit \"mcp\": window must be whole seconds"),
+            "{e}"
+        );
+        let e = err("[[limit]]\nname = \"mcp\"\nrequests = 5\nwindow = \"1500ms\"\n");
+        assert!(e.contains("window must be whole seconds"), "{e}");
+        let e = err("[[limit]]\nname = \"mcp\"\nrequests = 5\nwindow = \"soon\"\n");
+        assert!(e.contains("window \"soon\" is not a duration"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_names_are_refused() {
+        let e = err(
+            "[[limit]]\nname = \"a\"\nrequests = 1\nwindow = \"1s\"\ndefault = true\n\
+             [[limit]]\nname = \"a\"\nrequests = 2\nwindow = \"1s\"\n",
+        );
+        assert_eq!(
+            e,
+            "limits.toml: limit \"a\": duplicate name; each limit needs its own"
+        );
+    }
+
+    #[test]
+    fn missing_or_several_defaults_are_refused() {
+        let two = "[[limit]]\nname = \"a\"\nrequests = 1\nwindow = \"1s\"\n\
+                   [[limit]]\nname = \"b\"\nrequests = 1\nwindow = \"1s\"\n";
+        assert!(err(two).contains("no default limit"));
+        let both = two.replace("window = \"1s\"\n", "window = \"1s\"\ndefault = true\n");
+        assert!(err(&both).contains("several default limits (a, b)"));
+        assert!(err("").contains("no limits defined"));
+    }
+
+    #[test]
+    fn bad_names_unknown_fields_and_bad_policies_are_refused() {
+        assert!(
+            err("[[limit]]\nname = \"a/b\"\nrequests = 1\nwindow = \"1s\"\n")
+                .contains("limit \"a/b\": name must be")
+        );
+        assert!(
+            err("[[limit]]\nname = \"\"\nrequests = 1\nwindow = \"1s\"\n").contains("name must be")
+        );
+        assert!(
+            err("[[limit]]\nname = \"a\"\nrequests = 1\nwindow = \"1s\"\nburst = 3\n")
+                .contains("unknown field `burst`")
+        );
+        assert!(
+            err("[[limit]]\nname = \"a\"\nrequests = 1\nwindow = \"1s\"\non_store_failure = \"maybe\"\n")
+                .contains("unknown variant `maybe`")
+        );
+        assert!(err("[[limit]]\nname = \"a\"\n").contains("missing field `requests`"));
+    }
+
+    #[test]
+    fn unknown_limit_lists_known_names() {
+        let l = Limits::builtin();
+        let e = l.get("uploads").expect_err("unknown");
+        assert_eq!(
+            e.to_string(),
+            "unknown limit \"uploads\"; known limits: mcp"
+        );
+    }
+
+    #[test]
+    fn load_names_the_file_when_missing() {
+        let e = Limits::load(Path::new("/nonexistent/limits.toml")).expect_err("missing");
+        assert!(
+            e.to_string()
+                .starts_with("/nonexistent/limits.toml: cannot read the limits file")
+        );
+    }
+}

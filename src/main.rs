@@ -1,0 +1,115 @@
+//! The `ratelimit` binary: parses flags and wires the library together. All behaviour
+//! lives in the library (`src/lib.rs` has the map).
+
+use clap::Parser;
+use ratelimit::config::{self, Cli, Command, LimitsCommand, ServeArgs};
+use ratelimit::server::{self, admin::AdminToken};
+use std::process::ExitCode;
+use std::sync::Arc;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Limits {
+            command: LimitsCommand::Check { file },
+        } => match ratelimit::limits::Limits::load(&file) {
+            Ok(limits) => {
+                for l in limits.iter() {
+                    println!(
+                        "{}\t{} per {}\ton_store_failure={}{}",
+                        l.name,
+                        l.requests,
+                        humantime::format_duration(l.window()),
+                        l.on_store_failure,
+                        if l.name == limits.default_limit().name {
+                            "\t(default)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Serve(args) => {
+            init_logging();
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match runtime.block_on(serve(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    eprintln!("error: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    ratelimit::install_crypto_provider();
+    let clock = ratelimit::clock::system();
+    let limiter = Arc::new(config::build_limiter(&args, clock).await?);
+    let admin = std::env::var(config::ADMIN_TOKEN_ENV)
+        .ok()
+        .and_then(|t| AdminToken::new(&t));
+    let addr = args.listen_addr();
+    let incoming = server::bind(addr)?;
+    tracing::info!(
+        listen = %addr,
+        store = limiter.store_name(),
+        limits = %limiter.limits().summary(),
+        store_timeout = ?args.store_timeout,
+        admin_rpcs = admin.is_some(),
+        "ratelimit serving"
+    );
+    server::serve(limiter, admin, incoming, shutdown_signal()).await?;
+    tracing::info!("ratelimit stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!("cannot listen for SIGTERM: {e}");
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown signal received; draining");
+}

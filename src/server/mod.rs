@@ -1,0 +1,157 @@
+//! The gRPC server: one port carrying the `RateLimiter` service, gRPC health
+//! (`grpc.health.v1`) and reflection (v1 and v1alpha, since grpcurl 1.8 only speaks
+//! v1alpha), so ops can `grpcurl list`, `describe` and call it with no proto file.
+//!
+//! - `rpc.rs`: the `RateLimiter` service (validation and mapping to gRPC);
+//! - `admin.rs`: the admin token check for `Reset`.
+
+pub mod admin;
+pub mod rpc;
+
+use crate::limiter::Limiter;
+use crate::pb;
+use crate::pb::rate_limiter_server::RateLimiterServer;
+use admin::AdminToken;
+use rpc::RateLimitService;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+/// Largest request or response message accepted, in bytes. A `CheckRequest` is well under
+/// 1 KiB; anything near this is abuse or a bug, and refusing it early bounds memory.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Reflection could not be built from the descriptor set.
+    #[error("cannot build gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The transport failed.
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Binds `addr` (port 0 picks a free port).
+pub fn bind(addr: SocketAddr) -> Result<TcpIncoming, ServeError> {
+    TcpIncoming::bind(addr).map_err(|source| ServeError::Bind {
+        addr,
+        source: source.into(),
+    })
+}
+
+/// Serves `limiter` on `incoming` until `shutdown` completes, then drains.
+///
+/// Health reports `SERVING` for `""` and `bladbase.ratelimit.v1.RateLimiter` while up,
+/// and `NOT_SERVING` as soon as shutdown starts, so load balancers stop sending traffic
+/// while in-flight calls finish.
+pub async fn serve(
+    limiter: Arc<Limiter>,
+    admin: Option<AdminToken>,
+    incoming: TcpIncoming,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimiterServer<RateLimitService>>()
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let service = RateLimiterServer::new(RateLimitService::new(limiter, admin))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+
+    let reporter = health.clone();
+    Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, async move {
+            shutdown.await;
+            mark_not_serving(&reporter).await;
+        })
+        .await?;
+    Ok(())
+}
+
+async fn mark_not_serving(health: &HealthReporter) {
+    health
+        .set_not_serving::<RateLimiterServer<RateLimitService>>()
+        .await;
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+}
+
+/// A server running in the background; for tests, benchmarks and embedding.
+pub struct Running {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
+
+impl Running {
+    /// Starts serving `limiter` on `addr` (port 0 picks one).
+    pub fn start(
+        limiter: Arc<Limiter>,
+        admin: Option<AdminToken>,
+        addr: SocketAddr,
+    ) -> Result<Self, ServeError> {
+        let incoming = bind(addr)?;
+        let addr = incoming.local_addr().map_err(|source| ServeError::Bind {
+            addr,
+            source: source.into(),
+        })?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(limiter, admin, incoming, async move {
+            let _ = stopped.await;
+        }));
+        Ok(Self {
+            addr,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// `http://ADDR`, for a client to connect to.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, drains, and waits for the server to finish.
+    pub async fn stop(mut self) -> Result<(), ServeError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(r) => r,
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.stop.is_some() {
+            self.task.abort();
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The `RateLimiter` gRPC service: request validation and mapping to and from the
+//! [`Limiter`]. No decision logic lives here.
+
+use super::admin::{self, AdminToken};
+use crate::limiter::{CheckError, Decision, Limiter, Source};
+use crate::pb;
+use crate::pb::rate_limiter_server::RateLimiter;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+/// The gRPC face of a [`Limiter`].
+pub struct RateLimitService {
+    limiter: Arc<Limiter>,
+    admin: Option<AdminToken>,
+}
+
+impl RateLimitService {
+    /// Serves `limiter`; `admin` enables `Reset`.
+    pub fn new(limiter: Arc<Limiter>, admin: Option<AdminToken>) -> Self {
+        Self { limiter, admin }
+    }
+}
+
+/// The time the caller will still wait, from the `grpc-timeout` header (gRPC over HTTP/2
+/// spec: up to 8 digits and a unit `H M S m u n`). Unparseable values are ignored.
+pub fn caller_deadline(metadata: &MetadataMap) -> Option<Duration> {
+    let raw = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = raw.split_at(raw.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3_600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn to_status(e: CheckError) -> Status {
+    match e {
+        CheckError::UnknownLimit(u) => Status::not_found(u.to_string()),
+        other => Status::invalid_argument(other.to_string()),
+    }
+}
+
+fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: 0,
+    }
+}
+
+impl From<Source> for pb::Source {
+    fn from(s: Source) -> Self {
+        match s {
+            Source::Store => pb::Source::Store,
+            Source::DenyCache => pb::Source::DenyCache,
+            Source::LocalFallback | Source::ClientFallback => pb::Source::LocalFallback,
+            Source::FailurePolicy => pb::Source::FailurePolicy,
+        }
+    }
+}
+
+impl From<Decision> for pb::CheckResponse {
+    fn from(d: Decision) -> Self {
+        Self {
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after: Some(duration(d.reset_after)),
+            retry_after: d.retry_after.map(duration),
+            shared: d.shared,
+            source: pb::Source::from(d.source).into(),
+            limit_name: d.limit_name.to_string(),
+            window: d.window,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimiter for RateLimitService {
+    async fn check(
+        &self,
+        request: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        let deadline = caller_deadline(request.metadata());
+        let r = request.into_inner();
+        let d = self
+            .limiter
+            .check(&r.limit, &r.key, r.cost, deadline)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(d.into()))
+    }
+
+    async fn peek(
+        &self,
+        request: Request<pb::PeekRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        let deadline = caller_deadline(request.metadata());
+        let r = request.into_inner();
+        let d = self
+            .limiter
+            .peek(&r.limit, &r.key, deadline)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(d.into()))
+    }
+
+    async fn reset(
+        &self,
+        request: Request<pb::ResetRequest>,
+    ) -> Result<Response<pb::ResetResponse>, Status> {
+        admin::authorize(self.admin.as_ref(), request.metadata())?;
+        let deadline = caller_deadline(request.metadata());
+        let r = request.into_inner();
+        let out = self
+            .limiter
+            .reset(&r.limit, &r.key, deadline)
+            .await
+            .map_err(to_status)?;
+        tracing::info!(limit = %out.limit_name, shared = out.shared, "key reset by admin");
+        Ok(Response::new(pb::ResetResponse {
+            limit_name: out.limit_name.to_string(),
+            window: out.window,
+            shared: out.shared,
+        }))
+    }
+
+    async fn list_limits(
+        &self,
+        _request: Request<pb::ListLimitsRequest>,
+    ) -> Result<Response<pb::ListLimitsResponse>, Status> {
+        let limits = self.limiter.limits();
+        let default = limits.default_limit().name.clone();
+        Ok(Response::new(pb::ListLimitsResponse {
+            limits: limits
+                .iter()
+                .map(|l| pb::Limit {
+                    name: l.name.to_string(),
+                    requests: l.requests,
+                    window: Some(duration(l.window())),
+                    is_default: l.name == default,
+                    on_store_failure: l.on_store_failure.as_str().to_owned(),
+                })
+                .collect(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn md(v: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        if let Ok(v) = v.parse() {
+            m.insert("grpc-timeout", v);
+        }
+        m
+    }
+
+    #[test]
+    fn grpc_timeout_header_is_parsed() {
+        assert_eq!(
+            caller_deadline(&md("300m")),
+            Some(Duration::from_millis(300))
+        );
+        assert_eq!(caller_deadline(&md("2S")), Some(Duration::from_secs(2)));
+        assert_eq!(caller_deadline(&md("1H")), Some(Duration::from_secs(3_600)));
+        assert_eq!(
+            caller_deadline(&md("99999999n")),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in ["", "m", "123456789m", "12x", "-1S", "1.5S"] {
+            assert_eq!(caller_deadline(&md(bad)), None, "{bad}");
+        }
+        assert_eq!(caller_deadline(&MetadataMap::new()), None);
+    }
+}

@@ -1,0 +1,260 @@
+//! `MemoryStore`: counters in this process's memory.
+//!
+//! It is three things at once: the embedded default store (one instance, no database),
+//! the service's per-instance fallback window when the shared store fails, and the client
+//! library's own fallback. One implementation keeps all three on the same arithmetic.
+//!
+//! Hot-path choices, made here:
+//! - One moka entry per `(limit, key, window)`. Putting the window in the key means a
+//!   counter is never reused across windows, so correctness never depends on when moka
+//!   evicts; expiry only frees memory.
+//! - No `max_capacity`: a size bound would let moka evict a live counter under pressure,
+//!   which silently resets it (fails open for that key). Memory is bounded by time
+//!   instead: each entry expires shortly after its window ends, so at most one window's
+//!   worth of distinct keys is held per limit.
+//! - The count is an `AtomicU32` updated by compare-and-swap of the whole batch, so a
+//!   batch is applied atomically without a lock.
+
+use super::{Admission, CounterStore, StoreError, WindowCount, apply_batch};
+use crate::clock::SharedClock;
+use crate::limits::Limit;
+use crate::window;
+use async_trait::async_trait;
+use moka::Expiry;
+use moka::sync::Cache;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long an entry outlives its window. A check that computed its window just before
+/// the boundary may arrive a little after it; it must still find the same counter.
+const GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SlotKey {
+    limit: Arc<str>,
+    key: Box<str>,
+    window: i64,
+}
+
+#[derive(Debug)]
+struct Slot {
+    count: AtomicU32,
+    /// Time to live from creation: until the window ends, plus [`GRACE`].
+    ttl: Duration,
+}
+
+struct UntilWindowEnd;
+
+impl Expiry<SlotKey, Arc<Slot>> for UntilWindowEnd {
+    fn expire_after_create(&self, _: &SlotKey, slot: &Arc<Slot>, _: Instant) -> Option<Duration> {
+        Some(slot.ttl)
+    }
+}
+
+/// Fixed-window counters in process memory.
+#[derive(Clone)]
+pub struct MemoryStore {
+    slots: Cache<SlotKey, Arc<Slot>>,
+    clock: SharedClock,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("entries", &self.slots.entry_count())
+            .finish()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store whose expiry follows `clock`'s windows.
+    pub fn new(clock: SharedClock) -> Self {
+        Self {
+            slots: Cache::builder().expire_after(UntilWindowEnd).build(),
+            clock,
+        }
+    }
+
+    fn slot_key(limit: &Limit, key: &str, window: i64) -> SlotKey {
+        SlotKey {
+            limit: limit.name.clone(),
+            key: key.into(),
+            window,
+        }
+    }
+
+    fn slot(&self, limit: &Limit, key: &str, window: i64) -> Arc<Slot> {
+        let now = self.clock.now_ms();
+        self.slots.get_with(Self::slot_key(limit, key, window), || {
+            Arc::new(Slot {
+                count: AtomicU32::new(0),
+                ttl: window::until_end(now, window, limit.window_ms) + GRACE,
+            })
+        })
+    }
+
+    /// Applies `costs` to `(limit, key)` in `window`; the synchronous core of [`CounterStore::admit`].
+    pub fn admit_now(&self, limit: &Limit, key: &str, window: i64, costs: &[u32]) -> Admission {
+        let slot = self.slot(limit, key, window);
+        let mut current = slot.count.load(Ordering::Acquire);
+        loop {
+            let stored = Some(WindowCount {
+                window,
+                count: current,
+            });
+            let (next, outcomes) = apply_batch(stored, window, limit.requests, costs);
+            if next.count == current {
+                return Admission { window, outcomes };
+            }
+            match slot.count.compare_exchange_weak(
+                current,
+                next.count,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Admission { window, outcomes },
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// The count of `(limit, key)` in `window`, without changing it.
+    pub fn peek_now(&self, limit: &Limit, key: &str, window: i64) -> WindowCount {
+        let count = self
+            .slots
+            .get(&Self::slot_key(limit, key, window))
+            .map_or(0, |s| s.count.load(Ordering::Acquire));
+        WindowCount { window, count }
+    }
+
+    /// Forgets `(limit, key)` in `window` and the next one.
+    pub fn reset_now(&self, limit: &Limit, key: &str, window: i64) {
+        for w in [window, window.saturating_add(1)] {
+            self.slots.invalidate(&Self::slot_key(limit, key, w));
+        }
+    }
+
+    /// Entries held, after pending expiry work is done. For tests and metrics.
+    pub fn entries(&self) -> u64 {
+        self.slots.run_pending_tasks();
+        self.slots.entry_count()
+    }
+}
+
+#[async_trait]
+impl CounterStore for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn is_remote(&self) -> bool {
+        false
+    }
+
+    async fn admit(
+        &self,
+        limit: &Limit,
+        key: &str,
+        window: i64,
+        costs: &[u32],
+    ) -> Result<Admission, StoreError> {
+        Ok(self.admit_now(limit, key, window, costs))
+    }
+
+    async fn peek(&self, limit: &Limit, key: &str, window: i64) -> Result<WindowCount, StoreError> {
+        Ok(self.peek_now(limit, key, window))
+    }
+
+    async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
+        let window = window::number(self.clock.now_ms(), limit.window_ms);
+        self.reset_now(limit, key, window);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn store() -> MemoryStore {
+        MemoryStore::new(Arc::new(ManualClock::new(1_000_000)))
+    }
+
+    #[test]
+    fn admits_up_to_the_limit_then_denies() {
+        let s = store();
+        let l = Limit::new("t", 3, Duration::from_secs(60));
+        let got: Vec<bool> = (0..5)
+            .map(|_| s.admit_now(&l, "k", 1, &[1]).outcomes[0].allowed)
+            .collect();
+        assert_eq!(got, [true, true, true, false, false]);
+        assert_eq!(s.peek_now(&l, "k", 1).count, 3);
+        assert_eq!(
+            s.peek_now(&l, "k", 2).count,
+            0,
+            "a new window starts at zero"
+        );
+    }
+
+    #[test]
+    fn keys_limits_and_windows_are_independent() {
+        let s = store();
+        let a = Limit::new("a", 1, Duration::from_secs(60));
+        let b = Limit::new("b", 1, Duration::from_secs(60));
+        assert!(s.admit_now(&a, "k", 1, &[1]).outcomes[0].allowed);
+        assert!(s.admit_now(&b, "k", 1, &[1]).outcomes[0].allowed);
+        assert!(s.admit_now(&a, "k2", 1, &[1]).outcomes[0].allowed);
+        assert!(s.admit_now(&a, "k", 2, &[1]).outcomes[0].allowed);
+        assert!(!s.admit_now(&a, "k", 1, &[1]).outcomes[0].allowed);
+    }
+
+    #[test]
+    fn reset_clears_the_window() {
+        let s = store();
+        let l = Limit::new("t", 1, Duration::from_secs(60));
+        assert!(s.admit_now(&l, "k", 1, &[1]).outcomes[0].allowed);
+        s.reset_now(&l, "k", 1);
+        assert_eq!(s.peek_now(&l, "k", 1).count, 0);
+        assert!(s.admit_now(&l, "k", 1, &[1]).outcomes[0].allowed);
+    }
+
+    #[test]
+    fn concurrent_threads_admit_exactly_the_limit() {
+        let s = store();
+        let l = Limit::new("t", 1_000, Duration::from_secs(60));
+        let admitted = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..500)
+                            .filter(|_| s.admit_now(&l, "hot", 1, &[1]).outcomes[0].allowed)
+                            .count()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .sum::<usize>()
+        });
+        assert_eq!(admitted, 1_000);
+        assert_eq!(s.peek_now(&l, "hot", 1).count, 1_000);
+    }
+
+    #[test]
+    fn entries_live_until_their_window_ends_plus_grace() {
+        // Expiry itself runs on moka's real clock (it cannot be mocked), so this checks
+        // the deadline each entry is created with rather than sleeping past it.
+        let s = MemoryStore::new(Arc::new(ManualClock::new(90_000)));
+        let l = Limit::new("t", 5, Duration::from_secs(60));
+        s.admit_now(&l, "k", 1, &[1]);
+        let slot = s
+            .slots
+            .get(&MemoryStore::slot_key(&l, "k", 1))
+            .map(|s| s.ttl);
+        assert_eq!(slot, Some(Duration::from_secs(30) + GRACE));
+        assert_eq!(s.entries(), 1);
+    }
+}

@@ -1,0 +1,284 @@
+//! The storage seam: where counters live, behind one trait.
+//!
+//! A store knows nothing of gRPC, limits files or failure policy. It offers one write,
+//! [`CounterStore::admit`], which atomically applies a batch of costs to one
+//! `(limit, key)` counter in arrival order, each admitted only if it fits, and moves the
+//! counter to the caller's window (dropping older ones) in the same write. Batching is part
+//! of the contract because a remote store pays a round trip per write: the limiter folds
+//! concurrent checks of one hot key into one call.
+//!
+//! The admission rule itself is [`apply_batch`], shared by every store so that the memory
+//! store, the RTDB store and the client's fallback can never disagree on arithmetic.
+//!
+//! Adding a backend (Redis, say) is one new file here implementing [`CounterStore`], plus
+//! a switch in `config.rs`.
+
+pub mod memory;
+pub mod rtdb;
+
+pub use memory::MemoryStore;
+
+use crate::limits::Limit;
+use async_trait::async_trait;
+use std::time::Duration;
+
+/// A counter's state: `count` admitted hits in window number `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WindowCount {
+    /// The window number (`floor(unix_ms / window_ms)`).
+    pub window: i64,
+    /// Hits admitted in that window.
+    pub count: u32,
+}
+
+/// The fate of one cost in a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether this cost was admitted (and counted).
+    pub allowed: bool,
+    /// The window's count right after this item was decided.
+    pub count: u32,
+}
+
+/// The result of one [`CounterStore::admit`] call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The window the batch was counted in. Normally the caller's; a newer one if the
+    /// store already held a newer window (instance clocks differ by milliseconds and
+    /// windows only move forward).
+    pub window: i64,
+    /// One outcome per cost, in the order given.
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Why a store call failed. Every variant makes the limiter fail open.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StoreError {
+    /// The call did not finish within its budget.
+    #[error("store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store could not be reached, or the connection broke before a request was sent.
+    #[error("store unreachable: {0}")]
+    Connect(String),
+    /// A write was sent but its answer was lost (timeout or broken connection afterwards):
+    /// it may or may not have been applied, so it is never re-sent blindly.
+    #[error("outcome of a sent write is unknown: {0}")]
+    UnknownOutcome(String),
+    /// The store answered with an error status.
+    #[error("store answered HTTP {status}: {message}")]
+    Status { status: u16, message: String },
+    /// The store's credentials were refused or could not be obtained.
+    #[error("store authentication failed: {0}")]
+    Auth(String),
+    /// A response or a stored node was not what this service writes.
+    #[error("malformed data at {path}: {detail}")]
+    Malformed { path: String, detail: String },
+    /// Every transaction attempt lost a race.
+    #[error("transaction gave up after {attempts} conflicting attempts")]
+    Contention { attempts: u32 },
+}
+
+impl StoreError {
+    /// A short, stable name for logs and metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Connect(_) => "connect",
+            StoreError::UnknownOutcome(_) => "unknown_outcome",
+            StoreError::Status { status, .. } if *status >= 500 => "server_error",
+            StoreError::Status { .. } => "http_error",
+            StoreError::Auth(_) => "auth",
+            StoreError::Malformed { .. } => "malformed",
+            StoreError::Contention { .. } => "contention",
+        }
+    }
+}
+
+/// Where counters live. Implementations must be safe to call concurrently.
+#[async_trait]
+pub trait CounterStore: Send + Sync + 'static {
+    /// A short name for logs: `memory`, `rtdb`.
+    fn name(&self) -> &'static str;
+
+    /// True when this store talks over a network: the limiter then batches concurrent
+    /// checks per key and keeps a deny-until cache in front of it. For an in-process
+    /// store both would only add work.
+    fn is_remote(&self) -> bool;
+
+    /// Atomically applies `costs` (each ≥ 1, in order) to `(limit, key)` in `window`,
+    /// following [`apply_batch`]. A counter of an older window is replaced by `window`
+    /// in the same write.
+    async fn admit(
+        &self,
+        limit: &Limit,
+        key: &str,
+        window: i64,
+        costs: &[u32],
+    ) -> Result<Admission, StoreError>;
+
+    /// The counter's current state as seen from `window`, without changing it: the
+    /// count of `window` (0 if the store holds an older one), or of a newer window.
+    async fn peek(&self, limit: &Limit, key: &str, window: i64) -> Result<WindowCount, StoreError>;
+
+    /// Clears the counter of `(limit, key)`, whatever window it holds.
+    async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError>;
+}
+
+/// The admission rule, shared by every store.
+///
+/// Starting from `stored` (the counter as the store holds it, if at all), counts in
+/// `window` unless the store already holds a newer window, in which case that one is
+/// used. Each cost is admitted iff `count + cost ≤ limit`; a denied cost adds nothing
+/// (the count stays the number of admitted hits), and a later, smaller cost in the same
+/// batch may still fit. Returns the new counter and one outcome per cost.
+pub fn apply_batch(
+    stored: Option<WindowCount>,
+    window: i64,
+    limit: u32,
+    costs: &[u32],
+) -> (WindowCount, Vec<Outcome>) {
+    let mut state = match stored {
+        Some(s) if s.window >= window => s,
+        _ => WindowCount { window, count: 0 },
+    };
+    let outcomes = costs
+        .iter()
+        .map(|&cost| {
+            let fits = state
+                .count
+                .checked_add(cost)
+                .is_some_and(|next| next <= limit);
+            if fits {
+                state.count += cost;
+            }
+            Outcome {
+                allowed: fits,
+                count: state.count,
+            }
+        })
+        .collect();
+    (state, outcomes)
+}
+
+/// The count that `stored` means for a reader in `window`.
+pub fn visible_count(stored: Option<WindowCount>, window: i64) -> WindowCount {
+    match stored {
+        Some(s) if s.window >= window => s,
+        _ => WindowCount { window, count: 0 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allowed(outcomes: &[Outcome]) -> Vec<bool> {
+        outcomes.iter().map(|o| o.allowed).collect()
+    }
+
+    #[test]
+    fn batch_admits_in_order_until_full_and_denied_costs_count_nothing() {
+        let (state, out) = apply_batch(None, 7, 5, &[2, 2, 2, 1]);
+        assert_eq!(
+            state,
+            WindowCount {
+                window: 7,
+                count: 5
+            }
+        );
+        assert_eq!(allowed(&out), [true, true, false, true]);
+        assert_eq!(
+            out.iter().map(|o| o.count).collect::<Vec<_>>(),
+            [2, 4, 4, 5]
+        );
+    }
+
+    #[test]
+    fn an_older_window_is_replaced_and_a_newer_one_is_kept() {
+        let old = Some(WindowCount {
+            window: 6,
+            count: 5,
+        });
+        let (state, out) = apply_batch(old, 7, 5, &[1]);
+        assert_eq!(
+            state,
+            WindowCount {
+                window: 7,
+                count: 1
+            }
+        );
+        assert!(out[0].allowed);
+
+        let newer = Some(WindowCount {
+            window: 8,
+            count: 4,
+        });
+        let (state, out) = apply_batch(newer, 7, 5, &[1, 1]);
+        assert_eq!(
+            state,
+            WindowCount {
+                window: 8,
+                count: 5
+            }
+        );
+        assert_eq!(allowed(&out), [true, false]);
+    }
+
+    #[test]
+    fn exact_fit_is_admitted_and_overflow_never_wraps() {
+        let (_, out) = apply_batch(
+            Some(WindowCount {
+                window: 1,
+                count: 119,
+            }),
+            1,
+            120,
+            &[1, 1],
+        );
+        assert_eq!(allowed(&out), [true, false]);
+        let (state, out) = apply_batch(
+            Some(WindowCount {
+                window: 1,
+                count: u32::MAX - 1,
+            }),
+            1,
+            u32::MAX,
+            &[5],
+        );
+        assert!(!out[0].allowed);
+        assert_eq!(state.count, u32::MAX - 1);
+    }
+
+    #[test]
+    fn visible_count_ignores_older_windows() {
+        assert_eq!(
+            visible_count(
+                Some(WindowCount {
+                    window: 3,
+                    count: 9
+                }),
+                4
+            )
+            .count,
+            0
+        );
+        assert_eq!(
+            visible_count(
+                Some(WindowCount {
+                    window: 4,
+                    count: 9
+                }),
+                4
+            )
+            .count,
+            9
+        );
+        assert_eq!(
+            visible_count(None, 4),
+            WindowCount {
+                window: 4,
+                count: 0
+            }
+        );
+    }
+}

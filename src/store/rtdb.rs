@@ -1,0 +1,1 @@
+//! RTDB store (coming).

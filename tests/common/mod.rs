@@ -1,0 +1,65 @@
+//! Shared harness for the integration tests: a real gRPC server on an ephemeral loopback
+//! port, driven by a manual clock so no test sleeps across a window.
+#![allow(dead_code)]
+
+use ratelimit::clock::ManualClock;
+use ratelimit::limiter::{Limiter, LimiterOptions};
+use ratelimit::limits::Limits;
+use ratelimit::pb::rate_limiter_client::RateLimiterClient;
+use ratelimit::pb::{CheckRequest, CheckResponse};
+use ratelimit::server::Running;
+use ratelimit::server::admin::AdminToken;
+use ratelimit::store::{CounterStore, MemoryStore};
+use std::sync::Arc;
+use tonic::transport::Channel;
+
+/// 2026-11-30T00:00:00Z plus 10 s: inside a minute window, 50 s before it ends.
+pub const T0: u64 = 1_764_460_810_000;
+
+pub struct Harness {
+    pub server: Running,
+    pub clock: ManualClock,
+    pub client: RateLimiterClient<Channel>,
+}
+
+pub fn limits(toml: &str) -> Limits {
+    Limits::from_toml("test", toml).expect("valid test limits")
+}
+
+pub async fn start(limits: Limits, admin: Option<&str>) -> Harness {
+    let clock = ManualClock::new(T0);
+    let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+    start_with(limits, store, clock, admin, LimiterOptions::default()).await
+}
+
+pub async fn start_with(
+    limits: Limits,
+    store: Arc<dyn CounterStore>,
+    clock: ManualClock,
+    admin: Option<&str>,
+    options: LimiterOptions,
+) -> Harness {
+    let limiter = Arc::new(Limiter::new(limits, store, Arc::new(clock.clone()), options));
+    let admin = admin.and_then(AdminToken::new);
+    let server = Running::start(limiter, admin, "127.0.0.1:0".parse().expect("addr")).expect("server starts");
+    let client = RateLimiterClient::connect(server.url()).await.expect("client connects");
+    Harness { server, clock, client }
+}
+
+pub fn req(limit: &str, key: &str, cost: u32) -> CheckRequest {
+    CheckRequest {
+        key: key.into(),
+        limit: limit.into(),
+        cost,
+    }
+}
+
+impl Harness {
+    pub async fn check(&mut self, limit: &str, key: &str) -> CheckResponse {
+        self.client
+            .check(req(limit, key, 1))
+            .await
+            .expect("check succeeds")
+            .into_inner()
+    }
+}
