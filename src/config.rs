@@ -5,6 +5,9 @@
 use crate::clock::SharedClock;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::{Limits, LimitsError};
+use crate::store::rtdb::auth::{self, EmulatorOwner, TokenSource};
+use crate::store::rtdb::target::Target;
+use crate::store::rtdb::{RtdbError, RtdbOptions, RtdbStore};
 use crate::store::{CounterStore, MemoryStore};
 use clap::{Args, Parser, Subcommand};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -69,6 +72,21 @@ pub struct ServeArgs {
     /// Longest a decision waits for the store before failing open (e.g. 1.5s, 800ms).
     #[arg(long, env = "RATELIMIT_STORE_TIMEOUT", default_value = "1.5s", value_parser = parse_duration)]
     pub store_timeout: Duration,
+
+    /// Firebase Realtime Database URL (https://<db>.firebaseio.com or
+    /// https://<db>.<region>.firebasedatabase.app). Selects the RTDB store; without it
+    /// counters live in this process's memory. With FIREBASE_DATABASE_EMULATOR_HOST set,
+    /// requests go to that emulator instead (ns = the URL's first host label).
+    #[arg(long, env = "RATELIMIT_DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    /// RTDB path under which counters live: {root}/{limit}/{encodedKey}.
+    #[arg(long, env = "RATELIMIT_RTDB_ROOT", default_value = "rateLimits")]
+    pub rtdb_root: String,
+
+    /// Longest startup may spend finding Google credentials before giving up.
+    #[arg(long, env = "RATELIMIT_CREDENTIALS_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub credentials_timeout: Duration,
 }
 
 impl ServeArgs {
@@ -102,12 +120,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The Firebase convention for pointing clients at a database emulator (`host:port`).
+pub const EMULATOR_HOST_ENV: &str = "FIREBASE_DATABASE_EMULATOR_HOST";
+
 /// Why the service could not be configured.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The limits file is bad.
     #[error(transparent)]
     Limits(#[from] LimitsError),
+    /// The RTDB store could not be set up.
+    #[error(transparent)]
+    Rtdb(#[from] RtdbError),
 }
 
 /// Loads the limits named by `path`, or the built-in set.
@@ -120,10 +144,33 @@ pub fn load_limits(path: Option<&std::path::Path>) -> Result<Limits, LimitsError
 
 /// The store the flags select. Adding a backend is one arm here.
 pub async fn build_store(
-    _args: &ServeArgs,
+    args: &ServeArgs,
     clock: SharedClock,
 ) -> Result<Arc<dyn CounterStore>, ConfigError> {
-    Ok(Arc::new(MemoryStore::new(clock)))
+    let Some(url) = args.database_url.as_deref() else {
+        return Ok(Arc::new(MemoryStore::new(clock)));
+    };
+    let emulator = std::env::var(EMULATOR_HOST_ENV).ok();
+    let target = Target::new(url, emulator.as_deref(), &args.rtdb_root).map_err(RtdbError::from)?;
+    // Emulator mode never touches Google credentials (none exist on a dev machine or in CI).
+    let tokens: Arc<dyn TokenSource> = if target.is_emulator() {
+        Arc::new(EmulatorOwner)
+    } else {
+        Arc::new(
+            auth::discover(args.credentials_timeout)
+                .await
+                .map_err(RtdbError::from)?,
+        )
+    };
+    let options = RtdbOptions {
+        // The limiter's budget bounds each decision; this only stops a stuck request
+        // from holding a connection for ever.
+        request_timeout: args.store_timeout.max(Duration::from_secs(1)) * 2,
+        ..RtdbOptions::default()
+    };
+    let store = RtdbStore::new(target, tokens, options)?;
+    tracing::info!(endpoint = %store.describe(), root = %args.rtdb_root, "using the RTDB store");
+    Ok(Arc::new(store))
 }
 
 /// The limiter the flags describe.

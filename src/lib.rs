@@ -11,6 +11,9 @@
 //! - [`limits`]: named limits from a TOML file, validated at startup.
 //! - [`window`], [`clock`]: fixed-window arithmetic and the injectable clock.
 //! - [`limiter`]: the decision path, top to bottom; no gRPC in it.
+//! - [`coalesce`], [`deny_cache`]: what stands in front of a remote store (per-key
+//!   single flight and batching; exhausted keys denied without a call).
+//! - [`breaker`]: the circuit breaker that stops calling a failing store.
 //! - [`fallback`]: what happens when the store cannot answer (per-limit policy).
 //! - [`store`]: the [`store::CounterStore`] trait and its backends
 //!   ([`store::MemoryStore`], [`store::rtdb`]).
@@ -20,8 +23,11 @@
 //!
 //! The binary (`src/main.rs`) only parses flags and wires these together.
 
+pub mod breaker;
 pub mod clock;
+pub mod coalesce;
 pub mod config;
+pub mod deny_cache;
 pub mod fallback;
 pub mod limiter;
 pub mod limits;

@@ -4,13 +4,17 @@
 //! 1. resolve the limit and validate the input (typed [`CheckError`]s, mapped to gRPC
 //!    status codes by `server.rs`);
 //! 2. compute the window from the injected clock;
-//! 3. ask the store, within a budget of `min(store_timeout, caller's deadline − margin)`;
-//! 4. if the store is late or failing, fail open according to the limit's policy
+//! 3. for a remote store: deny at once if the key is known exhausted for this window
+//!    (`deny_cache.rs`), otherwise join the key's next batch (`coalesce.rs`);
+//! 4. ask the store, within a budget of `min(store_timeout, caller's deadline − margin)`;
+//! 5. if the store is late or failing, fail open according to the limit's policy
 //!    (`fallback.rs`): the answer then says `shared = false`.
 //!
 //! A store failure is never an error here; only bad input is.
 
 use crate::clock::SharedClock;
+use crate::coalesce::Coalescer;
+use crate::deny_cache::DenyCache;
 use crate::fallback::Fallback;
 use crate::limits::{Limit, Limits, UnknownLimit};
 use crate::store::{CounterStore, Outcome, StoreError, WindowCount};
@@ -180,10 +184,17 @@ impl Default for LimiterOptions {
     }
 }
 
+/// What only a remote store needs in front of it.
+struct Remote {
+    coalescer: Coalescer,
+    deny: DenyCache,
+}
+
 /// Makes rate decisions for the configured limits against one store.
 pub struct Limiter {
     limits: Limits,
     store: Arc<dyn CounterStore>,
+    remote: Option<Remote>,
     fallback: Fallback,
     clock: SharedClock,
     options: LimiterOptions,
@@ -197,8 +208,13 @@ impl Limiter {
         clock: SharedClock,
         options: LimiterOptions,
     ) -> Self {
+        let remote = store.is_remote().then(|| Remote {
+            coalescer: Coalescer::new(store.clone(), options.store_timeout),
+            deny: DenyCache::default(),
+        });
         Self {
             fallback: Fallback::new(clock.clone()),
+            remote,
             limits,
             store,
             clock,
@@ -243,33 +259,68 @@ impl Limiter {
         let window = window::number(now, limit.window_ms);
 
         let budget = self.budget(deadline);
-        let result =
-            match tokio::time::timeout(budget, self.store.admit(limit, key, window, &[cost])).await
-            {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(budget)),
-            };
+        let result = match &self.remote {
+            Some(remote) => {
+                if remote.deny.is_exhausted(limit, key, window) {
+                    let exhausted = Outcome {
+                        allowed: false,
+                        count: limit.requests,
+                    };
+                    return Ok(Decision::from_outcome(
+                        limit,
+                        now,
+                        window,
+                        exhausted,
+                        Source::DenyCache,
+                    ));
+                }
+                remote
+                    .coalescer
+                    .admit(limit, key, window, cost, budget)
+                    .await
+            }
+            None => self.admit_direct(limit, key, window, cost, budget).await,
+        };
         match result {
-            Ok(admission) => match admission.outcomes.first() {
-                Some(&outcome) => Ok(Decision::from_outcome(
+            Ok((counted_in, outcome)) => {
+                if let Some(remote) = &self.remote
+                    && outcome.count >= limit.requests
+                {
+                    remote.deny.mark(limit, key, counted_in);
+                }
+                Ok(Decision::from_outcome(
                     limit,
                     now,
-                    admission.window,
+                    counted_in,
                     outcome,
                     Source::Store,
-                )),
-                None => Ok(self.fallback.decide(
-                    limit,
-                    key,
-                    cost,
-                    &StoreError::Malformed {
-                        path: format!("{}/{key}", limit.name),
-                        detail: "store returned no outcome".into(),
-                    },
-                )),
-            },
+                ))
+            }
             Err(e) => Ok(self.fallback.decide(limit, key, cost, &e)),
         }
+    }
+
+    /// One store call for one check (in-process stores: no batching to gain).
+    async fn admit_direct(
+        &self,
+        limit: &Limit,
+        key: &str,
+        window: i64,
+        cost: u32,
+        budget: Duration,
+    ) -> Result<(i64, Outcome), StoreError> {
+        let admission = tokio::time::timeout(budget, self.store.admit(limit, key, window, &[cost]))
+            .await
+            .map_err(|_| StoreError::Timeout(budget))??;
+        let outcome = admission
+            .outcomes
+            .first()
+            .copied()
+            .ok_or_else(|| StoreError::Malformed {
+                path: format!("{}/{key}", limit.name),
+                detail: "store returned no outcome".into(),
+            })?;
+        Ok((admission.window, outcome))
     }
 
     /// The key's current window without counting a hit.
@@ -302,6 +353,9 @@ impl Limiter {
         validate_key(key)?;
         let window = window::number(self.clock.now_ms(), limit.window_ms);
         self.fallback.reset(limit, key, window);
+        if let Some(remote) = &self.remote {
+            remote.deny.clear(limit, key);
+        }
         let budget = self.budget(deadline);
         let shared = match tokio::time::timeout(budget, self.store.reset(limit, key)).await {
             Ok(Ok(())) => true,

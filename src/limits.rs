@@ -349,9 +349,7 @@ fn validate(origin: &str, l: &Limit) -> Result<(), LimitsError> {
             origin,
             &l.name,
             &format!(
-                "window must be whole seconds between {} and {}, got {}",
-                humantime::format_duration(MIN_WINDOW),
-                humantime::format_duration(MAX_WINDOW),
+                "window must be whole seconds between 1s and 31 days, got {}",
                 humantime::format_duration(window)
             ),
         ));

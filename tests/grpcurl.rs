@@ -63,7 +63,13 @@ async fn grpcurl_lists_describes_calls_and_checks_health() {
         ]
     );
 
-    let (code, out, err) = run(args(&["-plaintext", &addr, "describe", "bladbase.ratelimit.v1.RateLimiter"])).await;
+    let (code, out, err) = run(args(&[
+        "-plaintext",
+        &addr,
+        "describe",
+        "bladbase.ratelimit.v1.RateLimiter",
+    ]))
+    .await;
     assert_eq!(code, 0, "{err}");
     for rpc in [
         "rpc Check ( .bladbase.ratelimit.v1.CheckRequest ) returns ( .bladbase.ratelimit.v1.CheckResponse );",
@@ -73,9 +79,18 @@ async fn grpcurl_lists_describes_calls_and_checks_health() {
     ] {
         assert!(out.contains(rpc), "missing {rpc:?} in:\n{out}");
     }
-    assert!(out.contains("// Counts `cost` hits for `key` under `limit`"), "comments shown:\n{out}");
+    assert!(
+        out.contains("// Counts `cost` hits for `key` under `limit`"),
+        "comments shown:\n{out}"
+    );
 
-    let (code, out, err) = run(args(&["-plaintext", &addr, "describe", "bladbase.ratelimit.v1.CheckResponse"])).await;
+    let (code, out, err) = run(args(&[
+        "-plaintext",
+        &addr,
+        "describe",
+        "bladbase.ratelimit.v1.CheckResponse",
+    ]))
+    .await;
     assert_eq!(code, 0, "{err}");
     for field in [
         "bool allowed = 1;",
@@ -110,13 +125,30 @@ async fn grpcurl_lists_describes_calls_and_checks_health() {
     assert_eq!(v["source"], "SOURCE_STORE");
     assert_eq!(v["limitName"], "mcp");
 
-    let (code, _, err) = run(args(&["-plaintext", "-d", r#"{"key":""}"#, &addr, "bladbase.ratelimit.v1.RateLimiter/Check"])).await;
+    let (code, _, err) = run(args(&[
+        "-plaintext",
+        "-d",
+        r#"{"key":""}"#,
+        &addr,
+        "bladbase.ratelimit.v1.RateLimiter/Check",
+    ]))
+    .await;
     assert_ne!(code, 0);
-    assert!(err.contains("InvalidArgument") && err.contains("key: must not be empty"), "{err}");
+    assert!(
+        err.contains("InvalidArgument") && err.contains("key: must not be empty"),
+        "{err}"
+    );
 
     for service in ["", "bladbase.ratelimit.v1.RateLimiter"] {
         let body = format!(r#"{{"service":"{service}"}}"#);
-        let (code, out, err) = run(args(&["-plaintext", "-d", &body, &addr, "grpc.health.v1.Health/Check"])).await;
+        let (code, out, err) = run(args(&[
+            "-plaintext",
+            "-d",
+            &body,
+            &addr,
+            "grpc.health.v1.Health/Check",
+        ]))
+        .await;
         assert_eq!(code, 0, "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
         assert_eq!(v["status"], "SERVING", "{service:?}");

@@ -86,7 +86,10 @@ async fn two_limits_and_two_keys_are_independent() {
     assert_eq!(admitted[&("uploads", "bob")], 2);
     let r = h.check("uploads", "carol").await;
     assert_eq!((r.limit, r.limit_name.as_str()), (2, "uploads"));
-    assert_eq!(secs(r.reset_after), Some(3_600 - (T0 % 3_600_000) as i64 / 1_000));
+    assert_eq!(
+        secs(r.reset_after),
+        Some(3_600 - (T0 % 3_600_000) as i64 / 1_000)
+    );
 }
 
 #[tokio::test]
@@ -98,7 +101,11 @@ async fn sixty_four_concurrent_tasks_admit_exactly_120() {
         tasks.push(tokio::spawn(async move {
             let mut admitted = 0u32;
             for _ in 0..10 {
-                let r = client.check(req("", "hot", 1)).await.expect("check").into_inner();
+                let r = client
+                    .check(req("", "hot", 1))
+                    .await
+                    .expect("check")
+                    .into_inner();
                 admitted += u32::from(r.allowed);
             }
             admitted
@@ -114,40 +121,79 @@ async fn sixty_four_concurrent_tasks_admit_exactly_120() {
 #[tokio::test]
 async fn cost_counts_all_or_nothing_and_zero_means_one() {
     let mut h = start(Limits::builtin(), None).await;
-    let r = h.client.check(req("", "k", 0)).await.expect("ok").into_inner();
+    let r = h
+        .client
+        .check(req("", "k", 0))
+        .await
+        .expect("ok")
+        .into_inner();
     assert_eq!((r.allowed, r.remaining), (true, 119));
-    let r = h.client.check(req("", "k", 100)).await.expect("ok").into_inner();
+    let r = h
+        .client
+        .check(req("", "k", 100))
+        .await
+        .expect("ok")
+        .into_inner();
     assert_eq!((r.allowed, r.remaining), (true, 19));
-    let r = h.client.check(req("", "k", 20)).await.expect("ok").into_inner();
-    assert_eq!((r.allowed, r.remaining), (false, 19), "denied cost counts nothing");
-    let r = h.client.check(req("", "k", 19)).await.expect("ok").into_inner();
+    let r = h
+        .client
+        .check(req("", "k", 20))
+        .await
+        .expect("ok")
+        .into_inner();
+    assert_eq!(
+        (r.allowed, r.remaining),
+        (false, 19),
+        "denied cost counts nothing"
+    );
+    let r = h
+        .client
+        .check(req("", "k", 19))
+        .await
+        .expect("ok")
+        .into_inner();
     assert_eq!((r.allowed, r.remaining), (true, 0));
 }
 
 async fn status_of(h: &mut Harness, limit: &str, key: &str, cost: u32) -> tonic::Status {
-    h.client.check(req(limit, key, cost)).await.expect_err("must be refused")
+    h.client
+        .check(req(limit, key, cost))
+        .await
+        .expect_err("must be refused")
 }
 
 #[tokio::test]
 async fn bad_input_gets_invalid_argument_naming_field_and_rule() {
     let mut h = start(Limits::builtin(), None).await;
     let s = status_of(&mut h, "", "", 1).await;
-    assert_eq!((s.code(), s.message()), (Code::InvalidArgument, "key: must not be empty"));
+    assert_eq!(
+        (s.code(), s.message()),
+        (Code::InvalidArgument, "key: must not be empty")
+    );
     let s = status_of(&mut h, "", &"k".repeat(513), 1).await;
     assert_eq!(s.code(), Code::InvalidArgument);
-    assert_eq!(s.message(), "key: must be at most 512 bytes of UTF-8, got 513 bytes");
+    assert_eq!(
+        s.message(),
+        "key: must be at most 512 bytes of UTF-8, got 513 bytes"
+    );
     let ok = h.client.check(req("", &"é".repeat(256), 1)).await;
     assert!(ok.is_ok(), "512 bytes is allowed");
     let s = status_of(&mut h, "", "k", 121).await;
     assert_eq!(s.code(), Code::InvalidArgument);
-    assert_eq!(s.message(), "cost: must not exceed the 120 requests of limit \"mcp\", got 121");
+    assert_eq!(
+        s.message(),
+        "cost: must not exceed the 120 requests of limit \"mcp\", got 121"
+    );
     let s = status_of(&mut h, "uploads", "k", 1).await;
     assert_eq!(s.code(), Code::NotFound);
     assert_eq!(s.message(), "unknown limit \"uploads\"; known limits: mcp");
     // Nothing was counted by any refused request.
     let p = h
         .client
-        .peek(PeekRequest { key: "k".into(), limit: String::new() })
+        .peek(PeekRequest {
+            key: "k".into(),
+            limit: String::new(),
+        })
         .await
         .expect("peek")
         .into_inner();
@@ -172,14 +218,21 @@ async fn peek_counts_nothing() {
     for _ in 0..3 {
         let p = h
             .client
-            .peek(PeekRequest { key: "k".into(), limit: "mcp".into() })
+            .peek(PeekRequest {
+                key: "k".into(),
+                limit: "mcp".into(),
+            })
             .await
             .expect("peek")
             .into_inner();
         assert_eq!((p.allowed, p.remaining, p.retry_after), (true, 117, None));
         assert_eq!(p.source(), Source::Store);
     }
-    let s = h.client.peek(PeekRequest::default()).await.expect_err("empty key");
+    let s = h
+        .client
+        .peek(PeekRequest::default())
+        .await
+        .expect_err("empty key");
     assert_eq!(s.code(), Code::InvalidArgument);
 }
 
@@ -190,23 +243,44 @@ async fn list_limits_returns_the_configuration() {
          [[limit]]\nname = \"signin\"\nrequests = 5\nwindow = \"15m\"\non_store_failure = \"deny\"\n",
     );
     let mut h = start(l, None).await;
-    let r = h.client.list_limits(ListLimitsRequest {}).await.expect("list").into_inner();
+    let r = h
+        .client
+        .list_limits(ListLimitsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
     let got: Vec<_> = r
         .limits
         .iter()
-        .map(|l| (l.name.as_str(), l.requests, secs(l.window), l.is_default, l.on_store_failure.as_str()))
+        .map(|l| {
+            (
+                l.name.as_str(),
+                l.requests,
+                secs(l.window),
+                l.is_default,
+                l.on_store_failure.as_str(),
+            )
+        })
         .collect();
     assert_eq!(
         got,
-        [("mcp", 120, Some(60), true, "local"), ("signin", 5, Some(900), false, "deny")]
+        [
+            ("mcp", 120, Some(60), true, "local"),
+            ("signin", 5, Some(900), false, "deny")
+        ]
     );
 }
 
 fn reset_req(key: &str, token: Option<&str>) -> tonic::Request<ResetRequest> {
-    let mut r = tonic::Request::new(ResetRequest { key: key.into(), limit: String::new() });
+    let mut r = tonic::Request::new(ResetRequest {
+        key: key.into(),
+        limit: String::new(),
+    });
     if let Some(t) = token {
-        r.metadata_mut()
-            .insert("authorization", format!("Bearer {t}").parse().expect("ascii"));
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {t}").parse().expect("ascii"),
+        );
     }
     r
 }
@@ -218,11 +292,22 @@ async fn reset_needs_the_admin_token() {
         h.check("", "victim").await;
     }
     assert!(!h.check("", "victim").await.allowed);
-    let s = h.client.reset(reset_req("victim", None)).await.expect_err("no token");
+    let s = h
+        .client
+        .reset(reset_req("victim", None))
+        .await
+        .expect_err("no token");
     assert_eq!(s.code(), Code::Unauthenticated);
-    let s = h.client.reset(reset_req("victim", Some("wrong"))).await.expect_err("wrong token");
+    let s = h
+        .client
+        .reset(reset_req("victim", Some("wrong")))
+        .await
+        .expect_err("wrong token");
     assert_eq!(s.code(), Code::Unauthenticated);
-    assert!(!h.check("", "victim").await.allowed, "a refused reset changes nothing");
+    assert!(
+        !h.check("", "victim").await.allowed,
+        "a refused reset changes nothing"
+    );
     let r = h
         .client
         .reset(reset_req("victim", Some("s3cret-admin")))
@@ -232,16 +317,28 @@ async fn reset_needs_the_admin_token() {
     assert_eq!((r.limit_name.as_str(), r.shared), ("mcp", true));
     let after = h.check("", "victim").await;
     assert_eq!((after.allowed, after.remaining), (true, 119));
-    let s = h.client.reset(reset_req("", Some("s3cret-admin"))).await.expect_err("empty key");
+    let s = h
+        .client
+        .reset(reset_req("", Some("s3cret-admin")))
+        .await
+        .expect_err("empty key");
     assert_eq!(s.code(), Code::InvalidArgument);
 }
 
 #[tokio::test]
 async fn reset_is_disabled_without_a_configured_token() {
     let mut h = start(Limits::builtin(), None).await;
-    let s = h.client.reset(reset_req("k", Some("anything"))).await.expect_err("disabled");
+    let s = h
+        .client
+        .reset(reset_req("k", Some("anything")))
+        .await
+        .expect_err("disabled");
     assert_eq!(s.code(), Code::FailedPrecondition);
-    assert!(s.message().starts_with("admin RPCs are disabled"), "{}", s.message());
+    assert!(
+        s.message().starts_with("admin RPCs are disabled"),
+        "{}",
+        s.message()
+    );
 }
 
 #[tokio::test]
@@ -255,14 +352,22 @@ async fn health_serves_overall_and_named_service() {
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     for service in ["", "bladbase.ratelimit.v1.RateLimiter"] {
         let r = health
-            .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
             .await
             .expect("health")
             .into_inner();
-        assert_eq!(r.status(), tonic_health::pb::health_check_response::ServingStatus::Serving, "{service:?}");
+        assert_eq!(
+            r.status(),
+            tonic_health::pb::health_check_response::ServingStatus::Serving,
+            "{service:?}"
+        );
     }
     let s = health
-        .check(tonic_health::pb::HealthCheckRequest { service: "nope".into() })
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "nope".into(),
+        })
         .await
         .expect_err("unknown service");
     assert_eq!(s.code(), Code::NotFound);
@@ -272,7 +377,9 @@ async fn health_serves_overall_and_named_service() {
 async fn stopping_drains_and_refuses_new_calls() {
     let mut h = start(Limits::builtin(), None).await;
     assert!(h.check("", "k").await.allowed);
-    let Harness { server, mut client, .. } = h;
+    let Harness {
+        server, mut client, ..
+    } = h;
     server.stop().await.expect("clean stop");
     let r = tokio::time::timeout(Duration::from_secs(5), client.check(req("", "k", 1))).await;
     assert!(matches!(r, Ok(Err(_))), "after stop, calls fail: {r:?}");

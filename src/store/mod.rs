@@ -76,6 +76,9 @@ pub enum StoreError {
     /// Every transaction attempt lost a race.
     #[error("transaction gave up after {attempts} conflicting attempts")]
     Contention { attempts: u32 },
+    /// The circuit breaker is open: the store was not called.
+    #[error("store circuit breaker is open")]
+    CircuitOpen,
 }
 
 impl StoreError {
@@ -90,6 +93,7 @@ impl StoreError {
             StoreError::Auth(_) => "auth",
             StoreError::Malformed { .. } => "malformed",
             StoreError::Contention { .. } => "contention",
+            StoreError::CircuitOpen => "circuit_open",
         }
     }
 }

@@ -39,11 +39,23 @@ pub async fn start_with(
     admin: Option<&str>,
     options: LimiterOptions,
 ) -> Harness {
-    let limiter = Arc::new(Limiter::new(limits, store, Arc::new(clock.clone()), options));
+    let limiter = Arc::new(Limiter::new(
+        limits,
+        store,
+        Arc::new(clock.clone()),
+        options,
+    ));
     let admin = admin.and_then(AdminToken::new);
-    let server = Running::start(limiter, admin, "127.0.0.1:0".parse().expect("addr")).expect("server starts");
-    let client = RateLimiterClient::connect(server.url()).await.expect("client connects");
-    Harness { server, clock, client }
+    let server = Running::start(limiter, admin, "127.0.0.1:0".parse().expect("addr"))
+        .expect("server starts");
+    let client = RateLimiterClient::connect(server.url())
+        .await
+        .expect("client connects");
+    Harness {
+        server,
+        clock,
+        client,
+    }
 }
 
 pub fn req(limit: &str, key: &str, cost: u32) -> CheckRequest {
@@ -61,5 +73,54 @@ impl Harness {
             .await
             .expect("check succeeds")
             .into_inner()
+    }
+}
+
+/// The RTDB side of the harness: an emulator with the repo's `database.rules.json`.
+pub mod rtdb {
+    use super::*;
+    use ratelimit::store::rtdb::auth::{EmulatorOwner, TokenSource};
+    use ratelimit::store::rtdb::target::Target;
+    use ratelimit::store::rtdb::{RtdbOptions, RtdbStore};
+    use rtdb_emulator::{Emulator, Options};
+
+    /// The database URL the tests use; in emulator mode its first label is the namespace.
+    pub const DB_URL: &str = "https://bladbase-test-default-rtdb.europe-west1.firebasedatabase.app";
+    pub const NS: &str = "bladbase-test-default-rtdb";
+
+    pub async fn emulator() -> Emulator {
+        let rules: serde_json::Value =
+            serde_json::from_str(include_str!("../../database.rules.json"))
+                .expect("rules are JSON");
+        Emulator::start_with(Options {
+            rules: Some(rules),
+            addr: None,
+        })
+        .await
+        .expect("emulator starts")
+    }
+
+    pub fn store_with(
+        emu: &Emulator,
+        tokens: Arc<dyn TokenSource>,
+        options: RtdbOptions,
+    ) -> Arc<RtdbStore> {
+        ratelimit::install_crypto_provider();
+        let target = Target::new(DB_URL, Some(&emu.host()), "rateLimits").expect("target");
+        Arc::new(RtdbStore::new(target, tokens, options).expect("store"))
+    }
+
+    pub fn store(emu: &Emulator) -> Arc<RtdbStore> {
+        store_with(emu, Arc::new(EmulatorOwner), RtdbOptions::default())
+    }
+
+    /// A service instance on its own port, sharing `emu` with any others.
+    pub async fn instance(
+        emu: &Emulator,
+        limits: Limits,
+        clock: ManualClock,
+        options: LimiterOptions,
+    ) -> Harness {
+        start_with(limits, store(emu), clock, Some("admin-token"), options).await
     }
 }

@@ -1,1 +1,0 @@
-//! RTDB store (coming).
