@@ -2,6 +2,7 @@
 //! configuration. Every flag has an environment variable (Cloud Run passes config as
 //! env); the store switch lives here, so adding a backend is one arm in [`build_store`].
 
+use crate::breaker::BreakerConfig;
 use crate::clock::SharedClock;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::{Limits, LimitsError};
@@ -83,6 +84,15 @@ pub struct ServeArgs {
     /// RTDB path under which counters live: {root}/{limit}/{encodedKey}.
     #[arg(long, env = "RATELIMIT_RTDB_ROOT", default_value = "rateLimits")]
     pub rtdb_root: String,
+
+    /// Consecutive store failures that open the circuit breaker (then checks answer
+    /// locally at once, and one probe at a time tests the store).
+    #[arg(long, env = "RATELIMIT_BREAKER_FAILURES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub breaker_failures: u32,
+
+    /// How long the open breaker waits before probing the store again.
+    #[arg(long, env = "RATELIMIT_BREAKER_COOLDOWN", default_value = "2s", value_parser = parse_duration)]
+    pub breaker_cooldown: Duration,
 
     /// Longest startup may spend finding Google credentials before giving up.
     #[arg(long, env = "RATELIMIT_CREDENTIALS_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
@@ -183,6 +193,10 @@ pub async fn build_limiter(args: &ServeArgs, clock: SharedClock) -> Result<Limit
         clock,
         LimiterOptions {
             store_timeout: args.store_timeout,
+            breaker: BreakerConfig {
+                failures: args.breaker_failures,
+                cooldown: args.breaker_cooldown,
+            },
         },
     ))
 }

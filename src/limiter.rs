@@ -12,6 +12,7 @@
 //!
 //! A store failure is never an error here; only bad input is.
 
+use crate::breaker::{self, Breaker, BreakerConfig, Guarded};
 use crate::clock::SharedClock;
 use crate::coalesce::Coalescer;
 use crate::deny_cache::DenyCache;
@@ -174,12 +175,15 @@ pub struct ResetOutcome {
 pub struct LimiterOptions {
     /// The longest a decision waits for the store.
     pub store_timeout: Duration,
+    /// When to stop calling a failing remote store.
+    pub breaker: BreakerConfig,
 }
 
 impl Default for LimiterOptions {
     fn default() -> Self {
         Self {
             store_timeout: DEFAULT_STORE_TIMEOUT,
+            breaker: BreakerConfig::default(),
         }
     }
 }
@@ -188,6 +192,7 @@ impl Default for LimiterOptions {
 struct Remote {
     coalescer: Coalescer,
     deny: DenyCache,
+    breaker: Arc<Breaker>,
 }
 
 /// Makes rate decisions for the configured limits against one store.
@@ -201,17 +206,27 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// A limiter over `store`, deciding by `clock`.
+    /// A limiter over `store`, deciding by `clock`. A remote store is put behind a
+    /// circuit breaker, per-key batching and a deny-until cache.
     pub fn new(
         limits: Limits,
         store: Arc<dyn CounterStore>,
         clock: SharedClock,
         options: LimiterOptions,
     ) -> Self {
-        let remote = store.is_remote().then(|| Remote {
-            coalescer: Coalescer::new(store.clone(), options.store_timeout),
-            deny: DenyCache::default(),
-        });
+        let (store, remote) = if store.is_remote() {
+            let breaker = Arc::new(Breaker::new(options.breaker));
+            let guarded: Arc<dyn CounterStore> =
+                Arc::new(Guarded::new(store, breaker.clone(), options.store_timeout));
+            let remote = Remote {
+                coalescer: Coalescer::new(guarded.clone(), options.store_timeout),
+                deny: DenyCache::default(),
+                breaker,
+            };
+            (guarded, Some(remote))
+        } else {
+            (store, None)
+        };
         Self {
             fallback: Fallback::new(clock.clone()),
             remote,
@@ -230,6 +245,11 @@ impl Limiter {
     /// The store's name, for logs.
     pub fn store_name(&self) -> &'static str {
         self.store.name()
+    }
+
+    /// The circuit breaker's state; `None` for an in-process store, which has none.
+    pub fn breaker_state(&self) -> Option<breaker::State> {
+        self.remote.as_ref().map(|r| r.breaker.state())
     }
 
     /// The store budget for a call whose caller allows `deadline` (if it set one).

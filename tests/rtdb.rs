@@ -24,6 +24,7 @@ fn opts() -> LimiterOptions {
     // 2-core machine must not fall back and blur the counts.
     LimiterOptions {
         store_timeout: Duration::from_secs(10),
+        ..LimiterOptions::default()
     }
 }
 

@@ -90,6 +90,7 @@ async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse, D
         return Ok(control::handle(&app, req).await);
     }
     let method = req.method().as_str().to_owned();
+    app.counters.arrived();
     let plan = app.faults.plan();
     if !plan.latency.is_zero() {
         tokio::time::sleep(plan.latency).await;

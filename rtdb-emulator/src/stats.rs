@@ -14,7 +14,10 @@ use serde::{Deserialize, Serialize};
 /// A snapshot of the counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stats {
-    /// All counted requests, dropped ones included.
+    /// Requests that have arrived, counted on arrival (before any injected latency), so
+    /// a test can tell whether a client is still calling while earlier requests are held.
+    pub received: u64,
+    /// All counted requests, dropped ones included (counted when their fate is known).
     pub total: u64,
     /// Successful (2xx) data writes: PUT, PATCH, POST and DELETE on data paths, including
     /// writes that were applied and then had their connection dropped.
@@ -61,6 +64,11 @@ impl Counters {
         self.inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Counts a request as it arrives.
+    pub fn arrived(&self) {
+        self.lock().received += 1;
     }
 
     pub fn record(&self, method: &str, outcome: Outcome) {

@@ -17,6 +17,7 @@ use tonic::transport::Channel;
 pub const T0: u64 = 1_764_460_810_000;
 
 pub struct Harness {
+    pub limiter: Arc<Limiter>,
     pub server: Running,
     pub clock: ManualClock,
     pub client: RateLimiterClient<Channel>,
@@ -46,12 +47,13 @@ pub async fn start_with(
         options,
     ));
     let admin = admin.and_then(AdminToken::new);
-    let server = Running::start(limiter, admin, "127.0.0.1:0".parse().expect("addr"))
+    let server = Running::start(limiter.clone(), admin, "127.0.0.1:0".parse().expect("addr"))
         .expect("server starts");
     let client = RateLimiterClient::connect(server.url())
         .await
         .expect("client connects");
     Harness {
+        limiter,
         server,
         clock,
         client,
