@@ -12,6 +12,9 @@
 //! exactly once, whatever batching happens above it, and it applies the store timeout
 //! itself so that a call abandoned by its callers still reports a result.
 //!
+//! The client library (`client`) reuses [`Breaker`] in front of its calls to the service,
+//! through [`Breaker::attempt`] (the same leave-and-report API [`Guarded`] uses).
+//!
 //! What counts as a failure: the store not answering or answering with an error
 //! (timeouts, connection errors, 5xx, auth, unknown outcomes). What does not: a node of
 //! the wrong shape or lost transaction races, which say nothing about the store's health.
@@ -74,6 +77,8 @@ pub struct Breaker {
     config: BreakerConfig,
     inner: Mutex<Inner>,
     on_change: Option<Box<dyn Fn(State) + Send + Sync>>,
+    /// What it guards, for its log lines: `store` here, `service` in the client library.
+    subject: &'static str,
 }
 
 /// Whether a call may go to the store.
@@ -103,6 +108,28 @@ impl Breaker {
             },
             inner: Mutex::new(Inner::Closed { failures: 0 }),
             on_change: None,
+            subject: "store",
+        }
+    }
+
+    /// Names what the breaker guards in its log lines (default `store`), so the client
+    /// library's breaker does not log as if a store were failing.
+    pub fn subject(mut self, subject: &'static str) -> Self {
+        self.subject = subject;
+        self
+    }
+
+    /// Leave to make one call, or `None` while the breaker is open or a probe is already
+    /// in flight (then answer without calling). Report the call's result on the returned
+    /// [`Attempt`].
+    pub fn attempt(&self) -> Option<Attempt<'_>> {
+        match self.acquire() {
+            Permit::Reject => None,
+            permit => Some(Attempt {
+                breaker: self,
+                permit,
+                done: false,
+            }),
         }
     }
 
@@ -137,16 +164,19 @@ impl Breaker {
                 state = state.as_str(),
                 cooldown = ?self.config.cooldown,
                 reason,
-                "store circuit breaker open: answering locally (shared=false) without calling the store"
+                "{0} circuit breaker open: answering locally (shared=false) without calling the {0}",
+                self.subject
             ),
             State::HalfOpen => tracing::info!(
                 state = state.as_str(),
-                "store circuit breaker probing the store"
+                "{0} circuit breaker probing the {0}",
+                self.subject
             ),
             State::Closed => tracing::warn!(
                 state = state.as_str(),
                 reason,
-                "store circuit breaker closed: decisions are shared again"
+                "{} circuit breaker closed: decisions are shared again",
+                self.subject
             ),
         }
         if let Some(f) = &self.on_change {
@@ -214,16 +244,8 @@ impl Guarded {
         &self,
         fut: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let permit = self.breaker.acquire();
-        if permit == Permit::Reject {
+        let Some(attempt) = self.breaker.attempt() else {
             return Err(StoreError::CircuitOpen);
-        }
-        // If this future is dropped mid-call the guard reports a failure, so a probe can
-        // never be lost and leave the breaker half-open for ever.
-        let mut guard = Outcome {
-            breaker: &self.breaker,
-            permit,
-            done: false,
         };
         let result = match tokio::time::timeout(self.timeout, fut).await {
             Ok(r) => r,
@@ -235,19 +257,41 @@ impl Guarded {
             Err(_) => false,
         };
         let reason = result.as_ref().err().map_or("ok", StoreError::kind);
-        guard.done = true;
-        self.breaker.record(&guard.permit, healthy, reason);
+        if result.is_err() {
+            crate::metrics::store_error(reason);
+        }
+        attempt.finish(healthy, reason);
         result
     }
 }
 
-struct Outcome<'a> {
+/// Leave to make one call through a [`Breaker`] (from [`Breaker::attempt`]).
+///
+/// Report the call's result with [`Attempt::finish`]. Dropping it unreported (the
+/// caller's future was cancelled mid-call) counts as a failure, so a probe can never be
+/// lost and leave the breaker half-open for ever.
+#[must_use = "report the call's result with Attempt::finish"]
+pub struct Attempt<'a> {
     breaker: &'a Breaker,
     permit: Permit,
     done: bool,
 }
 
-impl Drop for Outcome<'_> {
+impl Attempt<'_> {
+    /// True when this call is the one probe let through after a cool-down.
+    pub fn is_probe(&self) -> bool {
+        self.permit == Permit::Probe
+    }
+
+    /// Reports the call's result: `healthy` when the guarded side answered (even with an
+    /// error that says nothing about its health); `reason` names a failure in logs.
+    pub fn finish(mut self, healthy: bool, reason: &str) {
+        self.done = true;
+        self.breaker.record(&self.permit, healthy, reason);
+    }
+}
+
+impl Drop for Attempt<'_> {
     fn drop(&mut self) {
         if !self.done {
             self.breaker.record(&self.permit, false, "abandoned");
@@ -341,5 +385,22 @@ mod tests {
         b.record(&p, true, "ok");
         let seen = seen.lock().map(|v| v.clone()).unwrap_or_default();
         assert_eq!(seen, [State::Open, State::HalfOpen, State::Closed]);
+    }
+
+    #[test]
+    fn an_abandoned_attempt_counts_as_a_failure_and_frees_the_probe() {
+        let b = breaker(0);
+        for _ in 0..3 {
+            b.record(&Permit::Call, false, "timeout");
+        }
+        let probe = b.attempt().expect("the cool-down is over");
+        assert!(probe.is_probe());
+        assert!(b.attempt().is_none(), "one probe at a time");
+        drop(probe); // the caller gave up mid-call
+        assert_eq!(b.state(), State::Open);
+        let probe = b.attempt().expect("a new probe after the cool-down");
+        probe.finish(true, "ok");
+        assert_eq!(b.state(), State::Closed);
+        assert!(b.attempt().is_some_and(|a| !a.is_probe()));
     }
 }

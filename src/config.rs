@@ -6,6 +6,8 @@ use crate::breaker::BreakerConfig;
 use crate::clock::SharedClock;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::{Limits, LimitsError};
+use crate::logging::LogFormat;
+use crate::server::{ServeOptions, admin::AdminToken};
 use crate::store::rtdb::auth::{self, EmulatorOwner, TokenSource};
 use crate::store::rtdb::target::Target;
 use crate::store::rtdb::{RtdbError, RtdbOptions, RtdbStore};
@@ -34,9 +36,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the gRPC rate-decision service.
     #[command(
-        after_help = "Environment:\n  RATELIMIT_ADMIN_TOKEN  enables the Reset RPC for callers presenting `authorization: Bearer <token>` (unset: Reset answers FAILED_PRECONDITION)\n  RUST_LOG               log filter, e.g. `info` (default) or `ratelimit=debug`"
+        after_help = "Environment:\n  RATELIMIT_ADMIN_TOKEN            enables the Reset RPC for callers presenting `authorization: Bearer <token>` (unset: Reset answers FAILED_PRECONDITION); never logged\n  PORT                             port when --port/RATELIMIT_PORT is unset (Cloud Run sets it)\n  FIREBASE_DATABASE_EMULATOR_HOST  host:port of an RTDB emulator: with --database-url, requests go there (no Google credentials)\n  K_SERVICE                        set by Cloud Run; makes json the default log format"
     )]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate limits files.
     Limits {
         /// What to do with limits.
@@ -58,9 +60,9 @@ pub enum LimitsCommand {
 /// Flags of `ratelimit serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Port to listen on (all interfaces). Cloud Run sets PORT.
-    #[arg(long, env = "PORT", default_value_t = 50051)]
-    pub port: u16,
+    /// Port to listen on (all interfaces). Without it: $PORT (Cloud Run sets it), else 50051.
+    #[arg(long, env = "RATELIMIT_PORT")]
+    pub port: Option<u16>,
 
     /// Full listen address; overrides --port (e.g. 127.0.0.1:50051).
     #[arg(long, env = "RATELIMIT_LISTEN")]
@@ -94,18 +96,64 @@ pub struct ServeArgs {
     #[arg(long, env = "RATELIMIT_BREAKER_COOLDOWN", default_value = "2s", value_parser = parse_duration)]
     pub breaker_cooldown: Duration,
 
+    /// Calls served at once; past it calls fail fast with RESOURCE_EXHAUSTED (load shedding).
+    #[arg(long, env = "RATELIMIT_MAX_IN_FLIGHT", default_value_t = 2_048, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_in_flight: u32,
+
+    /// After SIGTERM, how long in-flight calls may take before the process exits anyway
+    /// (keep it below Cloud Run's 10 s).
+    #[arg(long, env = "RATELIMIT_DRAIN_TIMEOUT", default_value = "8s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Close client connections after this age (GOAWAY) so clients spread over new instances.
+    #[arg(long, env = "RATELIMIT_MAX_CONNECTION_AGE", default_value = "5m", value_parser = parse_duration)]
+    pub max_connection_age: Duration,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics (off when unset), e.g. 0.0.0.0:9090.
+    #[arg(long, env = "RATELIMIT_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Log format: text or json (Cloud Logging). Default: json when K_SERVICE is set (Cloud Run), else text.
+    #[arg(long, env = "RATELIMIT_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+
+    /// Log filter, e.g. `info`, `debug`, `ratelimit=debug,info`.
+    #[arg(long, env = "RATELIMIT_LOG", default_value = "info")]
+    pub log: String,
+
     /// Longest startup may spend finding Google credentials before giving up.
     #[arg(long, env = "RATELIMIT_CREDENTIALS_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub credentials_timeout: Duration,
 }
 
 impl ServeArgs {
-    /// The address to listen on.
-    pub fn listen_addr(&self) -> SocketAddr {
-        self.listen.unwrap_or(SocketAddr::new(
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            self.port,
-        ))
+    /// The address to listen on: `--listen`, else `0.0.0.0` with `--port`, `$PORT` or 50051.
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        if let Some(addr) = self.listen {
+            return Ok(addr);
+        }
+        let port = match (self.port, std::env::var("PORT")) {
+            (Some(p), _) => p,
+            (None, Ok(v)) => v.trim().parse().map_err(|_| ConfigError::Port(v))?,
+            (None, Err(_)) => DEFAULT_PORT,
+        };
+        Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
+    }
+
+    /// The server options these flags describe.
+    pub fn serve_options(&self, admin: Option<AdminToken>) -> ServeOptions {
+        ServeOptions {
+            admin,
+            max_in_flight: usize::try_from(self.max_in_flight).unwrap_or(usize::MAX),
+            drain_timeout: self.drain_timeout,
+            max_connection_age: self.max_connection_age,
+            keepalive_interval: ServeOptions::default().keepalive_interval,
+        }
+    }
+
+    /// The log format: `--log-format`, else JSON on Cloud Run and text elsewhere.
+    pub fn log_format(&self) -> LogFormat {
+        self.log_format.unwrap_or_else(LogFormat::detect)
     }
 }
 
@@ -142,7 +190,13 @@ pub enum ConfigError {
     /// The RTDB store could not be set up.
     #[error(transparent)]
     Rtdb(#[from] RtdbError),
+    /// `$PORT` is not a port number.
+    #[error("PORT={0:?} is not a port number")]
+    Port(String),
 }
+
+/// The port used when neither `--port` nor `$PORT` is given.
+pub const DEFAULT_PORT: u16 = 50051;
 
 /// Loads the limits named by `path`, or the built-in set.
 pub fn load_limits(path: Option<&std::path::Path>) -> Result<Limits, LimitsError> {
@@ -221,7 +275,10 @@ mod tests {
         let Command::Serve(args) = cli.command else {
             panic!("serve expected");
         };
-        assert_eq!(args.listen_addr().to_string(), "0.0.0.0:6000");
+        assert_eq!(
+            args.listen_addr().ok().map(|a| a.to_string()).as_deref(),
+            Some("0.0.0.0:6000")
+        );
         assert_eq!(args.store_timeout, Duration::from_millis(1_500));
     }
 }

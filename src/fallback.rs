@@ -70,6 +70,7 @@ impl Fallback {
             ),
         };
         self.log.record(limit, error, outcome.allowed);
+        crate::metrics::fallback(&limit.name, error.kind());
         Decision::from_outcome(limit, now, window, outcome, source)
     }
 

@@ -19,6 +19,7 @@
 //!   ([`store::MemoryStore`], [`store::rtdb`]).
 //! - [`server`]: the gRPC server (service, health, reflection, admin auth).
 //! - [`config`]: command-line flags and environment variables.
+//! - [`logging`], [`metrics`]: text/JSON logs and Prometheus metrics (names live there).
 //! - [`pb`]: generated protobuf code.
 //!
 //! The binary (`src/main.rs`) only parses flags and wires these together.
@@ -31,6 +32,8 @@ pub mod deny_cache;
 pub mod fallback;
 pub mod limiter;
 pub mod limits;
+pub mod logging;
+pub mod metrics;
 pub mod pb;
 pub mod server;
 pub mod store;

@@ -18,6 +18,7 @@ use crate::coalesce::Coalescer;
 use crate::deny_cache::DenyCache;
 use crate::fallback::Fallback;
 use crate::limits::{Limit, Limits, UnknownLimit};
+use crate::metrics;
 use crate::store::{CounterStore, Outcome, StoreError, WindowCount};
 use crate::window;
 use std::sync::Arc;
@@ -215,7 +216,10 @@ impl Limiter {
         options: LimiterOptions,
     ) -> Self {
         let (store, remote) = if store.is_remote() {
-            let breaker = Arc::new(Breaker::new(options.breaker));
+            let breaker = Arc::new(
+                Breaker::new(options.breaker).on_change(|state| metrics::breaker(state, true)),
+            );
+            metrics::breaker(breaker.state(), false);
             let guarded: Arc<dyn CounterStore> =
                 Arc::new(Guarded::new(store, breaker.clone(), options.store_timeout));
             let remote = Remote {
@@ -266,6 +270,18 @@ impl Limiter {
     /// Counts `cost` hits (0 means 1) for `key` under the limit `limit_name` (empty: the default).
     /// `deadline` is the time the caller will still wait, if known.
     pub async fn check(
+        &self,
+        limit_name: &str,
+        key: &str,
+        cost: u32,
+        deadline: Option<Duration>,
+    ) -> Result<Decision, CheckError> {
+        let decision = self.decide(limit_name, key, cost, deadline).await?;
+        metrics::decision(&decision);
+        Ok(decision)
+    }
+
+    async fn decide(
         &self,
         limit_name: &str,
         key: &str,

@@ -6,7 +6,6 @@ use ratelimit::config::{self, Cli, Command, LimitsCommand, ServeArgs};
 use ratelimit::server::{self, admin::AdminToken};
 use std::process::ExitCode;
 use std::sync::Arc;
-use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -37,7 +36,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve(args) => {
-            init_logging();
+            ratelimit::logging::init(args.log_format(), &args.log);
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -48,7 +47,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match runtime.block_on(serve(args)) {
+            match runtime.block_on(serve(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e}");
@@ -60,14 +59,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     ratelimit::install_crypto_provider();
     let clock = ratelimit::clock::system();
@@ -75,17 +66,28 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let admin = std::env::var(config::ADMIN_TOKEN_ENV)
         .ok()
         .and_then(|t| AdminToken::new(&t));
-    let addr = args.listen_addr();
+    let addr = args.listen_addr()?;
     let incoming = server::bind(addr)?;
+    let metrics_addr = match args.metrics_listen {
+        Some(m) => Some(ratelimit::metrics::serve(m).await?),
+        None => None,
+    };
     tracing::info!(
         listen = %addr,
         store = limiter.store_name(),
         limits = %limiter.limits().summary(),
         store_timeout = ?args.store_timeout,
         admin_rpcs = admin.is_some(),
+        metrics = %metrics_addr.map_or_else(|| "off".to_owned(), |a| format!("http://{a}/metrics")),
         "ratelimit serving"
     );
-    server::serve(limiter, admin, incoming, shutdown_signal()).await?;
+    server::serve(
+        limiter,
+        args.serve_options(admin),
+        incoming,
+        shutdown_signal(),
+    )
+    .await?;
     tracing::info!("ratelimit stopped");
     Ok(())
 }

@@ -136,8 +136,16 @@ fn serve_help_documents_every_flag_with_its_env_and_default() {
     let o = ratelimit(&["serve", "--help"], &[]);
     let help = String::from_utf8_lossy(&o.stdout);
     for want in [
-        "[env: PORT=]",
-        "[default: 50051]",
+        "[env: RATELIMIT_PORT=]",
+        "$PORT (Cloud Run sets it), else 50051",
+        "[env: RATELIMIT_METRICS_LISTEN=]",
+        "[env: RATELIMIT_LOG_FORMAT=]",
+        "[env: RATELIMIT_MAX_IN_FLIGHT=]",
+        "[env: RATELIMIT_DRAIN_TIMEOUT=]",
+        "[default: 8s]",
+        "[env: RATELIMIT_MAX_CONNECTION_AGE=]",
+        "[env: RATELIMIT_BREAKER_FAILURES=]",
+        "[env: RATELIMIT_BREAKER_COOLDOWN=]",
         "[env: RATELIMIT_LIMITS=]",
         "[env: RATELIMIT_STORE_TIMEOUT=]",
         "[default: 1.5s]",

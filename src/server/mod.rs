@@ -16,6 +16,7 @@ use rpc::RateLimitService;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
@@ -50,14 +51,44 @@ pub fn bind(addr: SocketAddr) -> Result<TcpIncoming, ServeError> {
     })
 }
 
+/// How the server treats connections and load.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Enables `Reset` for callers presenting this token.
+    pub admin: Option<AdminToken>,
+    /// RateLimiter calls in flight at once; past it calls fail fast with RESOURCE_EXHAUSTED.
+    pub max_in_flight: usize,
+    /// After SIGTERM, how long in-flight calls may take before the server exits anyway
+    /// (below Cloud Run's 10 s so the process exits 0 before SIGKILL).
+    pub drain_timeout: Duration,
+    /// Connections are closed (GOAWAY) after this age, so long-lived gRPC clients spread
+    /// over instances that Cloud Run starts later.
+    pub max_connection_age: Duration,
+    /// HTTP/2 PING interval that detects dead connections.
+    pub keepalive_interval: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            admin: None,
+            max_in_flight: 2_048,
+            drain_timeout: Duration::from_secs(8),
+            max_connection_age: Duration::from_secs(300),
+            keepalive_interval: Duration::from_secs(30),
+        }
+    }
+}
+
 /// Serves `limiter` on `incoming` until `shutdown` completes, then drains.
 ///
 /// Health reports `SERVING` for `""` and `bladbase.ratelimit.v1.RateLimiter` while up,
 /// and `NOT_SERVING` as soon as shutdown starts, so load balancers stop sending traffic
-/// while in-flight calls finish.
+/// while in-flight calls finish. Draining is bounded by `drain_timeout`: tonic waits for
+/// every open stream, and a client's `Health/Watch` stream never ends by itself.
 pub async fn serve(
     limiter: Arc<Limiter>,
-    admin: Option<AdminToken>,
+    options: ServeOptions,
     incoming: TcpIncoming,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
@@ -73,12 +104,21 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let service = RateLimiterServer::new(RateLimitService::new(limiter, admin))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let service = RateLimiterServer::new(RateLimitService::new(
+        limiter,
+        options.admin.clone(),
+        options.max_in_flight,
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
     let reporter = health.clone();
-    Server::builder()
+    let (draining, drain_started) = tokio::sync::oneshot::channel::<()>();
+    let server = Server::builder()
+        .http2_keepalive_interval(Some(options.keepalive_interval))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_connection_age(options.max_connection_age)
+        .max_connection_age_grace(options.drain_timeout)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -86,8 +126,22 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
             mark_not_serving(&reporter).await;
-        })
-        .await?;
+            let _ = draining.send(());
+        });
+    tokio::pin!(server);
+    let drain_timeout = options.drain_timeout;
+    tokio::select! {
+        r = &mut server => r?,
+        () = async {
+            if drain_started.await.is_ok() {
+                tokio::time::sleep(drain_timeout).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(?drain_timeout, "drain deadline reached; closing the remaining streams");
+        }
+    }
     Ok(())
 }
 
@@ -109,10 +163,26 @@ pub struct Running {
 }
 
 impl Running {
-    /// Starts serving `limiter` on `addr` (port 0 picks one).
+    /// Starts serving `limiter` on `addr` (port 0 picks one) with default options.
     pub fn start(
         limiter: Arc<Limiter>,
         admin: Option<AdminToken>,
+        addr: SocketAddr,
+    ) -> Result<Self, ServeError> {
+        Self::start_with(
+            limiter,
+            ServeOptions {
+                admin,
+                ..ServeOptions::default()
+            },
+            addr,
+        )
+    }
+
+    /// Starts serving `limiter` on `addr` with `options`.
+    pub fn start_with(
+        limiter: Arc<Limiter>,
+        options: ServeOptions,
         addr: SocketAddr,
     ) -> Result<Self, ServeError> {
         let incoming = bind(addr)?;
@@ -121,7 +191,7 @@ impl Running {
             source: source.into(),
         })?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve(limiter, admin, incoming, async move {
+        let task = tokio::spawn(serve(limiter, options, incoming, async move {
             let _ = stopped.await;
         }));
         Ok(Self {

@@ -3,10 +3,12 @@
 
 use super::admin::{self, AdminToken};
 use crate::limiter::{CheckError, Decision, Limiter, Source};
+use crate::metrics;
 use crate::pb;
 use crate::pb::rate_limiter_server::RateLimiter;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
@@ -14,12 +16,36 @@ use tonic::{Request, Response, Status};
 pub struct RateLimitService {
     limiter: Arc<Limiter>,
     admin: Option<AdminToken>,
+    /// Load shedding: one permit per call in flight. A call that finds none fails fast
+    /// with RESOURCE_EXHAUSTED instead of queueing without bound; the client library
+    /// then decides locally.
+    slots: Arc<Semaphore>,
+    max_in_flight: usize,
 }
 
 impl RateLimitService {
-    /// Serves `limiter`; `admin` enables `Reset`.
-    pub fn new(limiter: Arc<Limiter>, admin: Option<AdminToken>) -> Self {
-        Self { limiter, admin }
+    /// Serves `limiter`; `admin` enables `Reset`; at most `max_in_flight` calls at once.
+    pub fn new(limiter: Arc<Limiter>, admin: Option<AdminToken>, max_in_flight: usize) -> Self {
+        let max_in_flight = max_in_flight.max(1);
+        Self {
+            limiter,
+            admin,
+            slots: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
+        }
+    }
+
+    fn admit_call(&self) -> Result<(OwnedSemaphorePermit, metrics::InFlight), Status> {
+        match self.slots.clone().try_acquire_owned() {
+            Ok(permit) => Ok((permit, metrics::InFlight::start())),
+            Err(_) => {
+                metrics::shed();
+                Err(Status::resource_exhausted(format!(
+                    "server busy: {} calls in flight; decide locally or retry later",
+                    self.max_in_flight
+                )))
+            }
+        }
     }
 }
 
@@ -90,6 +116,7 @@ impl RateLimiter for RateLimitService {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
+        let _slot = self.admit_call()?;
         let deadline = caller_deadline(request.metadata());
         let r = request.into_inner();
         let d = self
@@ -104,6 +131,7 @@ impl RateLimiter for RateLimitService {
         &self,
         request: Request<pb::PeekRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
+        let _slot = self.admit_call()?;
         let deadline = caller_deadline(request.metadata());
         let r = request.into_inner();
         let d = self
@@ -119,6 +147,7 @@ impl RateLimiter for RateLimitService {
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
         admin::authorize(self.admin.as_ref(), request.metadata())?;
+        let _slot = self.admit_call()?;
         let deadline = caller_deadline(request.metadata());
         let r = request.into_inner();
         let out = self

@@ -156,11 +156,13 @@ impl RtdbStore {
                     .header("content-type", "application/json")
                     .body(b.clone());
             }
+            let started = std::time::Instant::now();
             let resp = req
                 .send()
                 .await
                 .map_err(|e| transport_error(&e, is_write))?;
             let status = resp.status();
+            crate::metrics::store_request(method.as_str(), status.as_u16(), started.elapsed());
             if status == StatusCode::UNAUTHORIZED && !refreshed {
                 refreshed = true;
                 token = self.tokens.refresh(&token).await?;
