@@ -223,3 +223,24 @@ async fn a_caller_with_a_300ms_deadline_gets_a_fallback_decision_before_it() {
         assert_eq!(r.source(), Source::LocalFallback);
     }
 }
+
+#[tokio::test]
+async fn connection_refused_falls_back_at_once() {
+    let emu = rtdb::emulator().await;
+    let store = rtdb::store(&emu);
+    emu.shutdown().await; // the port now refuses connections
+    let h = common::start_with(
+        Limits::builtin(),
+        store,
+        ManualClock::new(T0),
+        None,
+        opts(u32::MAX, 60_000),
+    )
+    .await;
+    for i in 0..10 {
+        let (r, took) = timed_check(&h, "", &format!("refused-{}", i % 3)).await;
+        assert!(r.allowed && !r.shared, "{r:?}");
+        assert_eq!(r.source(), Source::LocalFallback);
+        assert!(took < Duration::from_millis(500), "no waiting on a refused connection: {took:?}");
+    }
+}
