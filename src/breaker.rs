@@ -247,10 +247,7 @@ impl Guarded {
         let Some(attempt) = self.breaker.attempt() else {
             return Err(StoreError::CircuitOpen);
         };
-        let result = match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-        };
+        let result = crate::store::within(self.timeout, fut).await;
         let healthy = match &result {
             Ok(_) => true,
             Err(StoreError::Malformed { .. } | StoreError::Contention { .. }) => true,

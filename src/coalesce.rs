@@ -139,12 +139,7 @@ async fn run(
         let window = batch.iter().map(|w| w.window).max().unwrap_or_default();
         let costs: Vec<u32> = batch.iter().map(|w| w.cost).collect();
         let result =
-            match tokio::time::timeout(call_timeout, store.admit(&limit, &qkey.1, window, &costs))
-                .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(call_timeout)),
-            };
+            crate::store::within(call_timeout, store.admit(&limit, &qkey.1, window, &costs)).await;
         match result {
             Ok(admission) if admission.outcomes.len() == batch.len() => {
                 for (w, outcome) in batch.into_iter().zip(admission.outcomes) {

@@ -19,7 +19,7 @@ use crate::deny_cache::DenyCache;
 use crate::fallback::Fallback;
 use crate::limits::{Limit, Limits, UnknownLimit};
 use crate::metrics;
-use crate::store::{CounterStore, Outcome, StoreError, WindowCount};
+use crate::store::{self, CounterStore, Outcome, StoreError, WindowCount};
 use crate::window;
 use std::sync::Arc;
 use std::time::Duration;
@@ -345,9 +345,8 @@ impl Limiter {
         cost: u32,
         budget: Duration,
     ) -> Result<(i64, Outcome), StoreError> {
-        let admission = tokio::time::timeout(budget, self.store.admit(limit, key, window, &[cost]))
-            .await
-            .map_err(|_| StoreError::Timeout(budget))??;
+        let admission =
+            store::within(budget, self.store.admit(limit, key, window, &[cost])).await?;
         let outcome = admission
             .outcomes
             .first()
@@ -371,10 +370,9 @@ impl Limiter {
         let now = self.clock.now_ms();
         let window = window::number(now, limit.window_ms);
         let budget = self.budget(deadline);
-        match tokio::time::timeout(budget, self.store.peek(limit, key, window)).await {
-            Ok(Ok(state)) => Ok(Decision::from_state(limit, now, state, Source::Store)),
-            Ok(Err(e)) => Ok(self.fallback.peek(limit, key, &e)),
-            Err(_) => Ok(self.fallback.peek(limit, key, &StoreError::Timeout(budget))),
+        match store::within(budget, self.store.peek(limit, key, window)).await {
+            Ok(state) => Ok(Decision::from_state(limit, now, state, Source::Store)),
+            Err(e) => Ok(self.fallback.peek(limit, key, &e)),
         }
     }
 
@@ -393,14 +391,10 @@ impl Limiter {
             remote.deny.clear(limit, key);
         }
         let budget = self.budget(deadline);
-        let shared = match tokio::time::timeout(budget, self.store.reset(limit, key)).await {
-            Ok(Ok(())) => true,
-            Ok(Err(e)) => {
+        let shared = match store::within(budget, self.store.reset(limit, key)).await {
+            Ok(()) => true,
+            Err(e) => {
                 tracing::warn!(limit = %limit.name, error = %e, "reset reached only this instance: store failed");
-                false
-            }
-            Err(_) => {
-                tracing::warn!(limit = %limit.name, ?budget, "reset reached only this instance: store timed out");
                 false
             }
         };

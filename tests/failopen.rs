@@ -241,6 +241,9 @@ async fn connection_refused_falls_back_at_once() {
         let (r, took) = timed_check(&h, "", &format!("refused-{}", i % 3)).await;
         assert!(r.allowed && !r.shared, "{r:?}");
         assert_eq!(r.source(), Source::LocalFallback);
-        assert!(took < Duration::from_millis(500), "no waiting on a refused connection: {took:?}");
+        assert!(
+            took < Duration::from_millis(500),
+            "no waiting on a refused connection: {took:?}"
+        );
     }
 }

@@ -128,6 +128,17 @@ pub trait CounterStore: Send + Sync + 'static {
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError>;
 }
 
+/// Runs a store call within `budget`; running out of time is [`StoreError::Timeout`].
+/// Every bounded store call goes through here, so a timeout means the same everywhere.
+pub async fn within<T>(
+    budget: Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(budget, call)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(budget)))
+}
+
 /// The admission rule, shared by every store.
 ///
 /// Starting from `stored` (the counter as the store holds it, if at all), counts in
