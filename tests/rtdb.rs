@@ -39,6 +39,10 @@ async fn one_hundred_sequential_checks_cost_at_most_102_requests() {
         assert_eq!(r.remaining, 119 - i);
     }
     let s = emu.stats();
+    eprintln!(
+        "measured: 100 sequential checks -> {} emulator requests ({s:?})",
+        s.total
+    );
     assert!(s.total <= 102, "{s:?}");
     assert_eq!(
         (s.method("GET"), s.method("PUT")),
@@ -70,6 +74,11 @@ async fn sixty_four_concurrent_checks_of_a_fresh_key_cost_at_most_8_writes() {
     }
     assert_eq!(admitted, 64);
     let s = emu.stats();
+    eprintln!(
+        "measured: 64 concurrent checks of a fresh key -> {} PUTs, {} requests",
+        s.method("PUT"),
+        s.total
+    );
     assert!(s.method("PUT") <= 8, "batched writes: {s:?}");
     assert_eq!(
         s.status(412),
