@@ -45,6 +45,39 @@ pub enum Command {
         #[command(subcommand)]
         command: LimitsCommand,
     },
+    /// Ask the service for one decision (through the client library) and print it as JSON.
+    ///
+    /// Exit 0 allowed, 1 denied, 2 usage or input error. With no service reachable it
+    /// still answers, from its own window ("shared": false).
+    Check(CheckArgs),
+}
+
+/// Flags of `ratelimit check`.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// The rate-limit service's URL.
+    #[arg(long, env = "RATELIMIT_URL", default_value = crate::client::DEFAULT_URL)]
+    pub server: String,
+
+    /// The limit's name; empty means the service's default limit.
+    #[arg(long, env = "RATELIMIT_CHECK_LIMIT", default_value = "")]
+    pub limit: String,
+
+    /// Hits this request counts for.
+    #[arg(long, env = "RATELIMIT_CHECK_COST", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub cost: u32,
+
+    /// Longest to wait for the service before deciding locally (e.g. 1.5s, 200ms).
+    #[arg(long, env = "RATELIMIT_CHECK_DEADLINE", default_value = "1.5s", value_parser = parse_duration)]
+    pub deadline: Duration,
+
+    /// Limits file (TOML) to decide with when the service cannot be asked. Without it:
+    /// `mcp` = 120 requests per 60 s.
+    #[arg(long, env = "RATELIMIT_LIMITS")]
+    pub limits: Option<PathBuf>,
+
+    /// What is limited: an API token id, a user id, an e-mail, an IP...
+    pub key: String,
 }
 
 /// `ratelimit limits ...`

@@ -18,6 +18,8 @@
 //! - [`store`]: the [`store::CounterStore`] trait and its backends
 //!   ([`store::MemoryStore`], [`store::rtdb`]).
 //! - [`server`]: the gRPC server (service, health, reflection, admin auth).
+//! - [`client`]: the client library callers link (own fallback, breaker, deny-until
+//!   cache, HTTP headers, tower layer) and the `ratelimit check` CLI.
 //! - [`config`]: command-line flags and environment variables.
 //! - [`logging`], [`metrics`]: text/JSON logs and Prometheus metrics (names live there).
 //! - [`pb`]: generated protobuf code.
@@ -25,6 +27,7 @@
 //! The binary (`src/main.rs`) only parses flags and wires these together.
 
 pub mod breaker;
+pub mod client;
 pub mod clock;
 pub mod coalesce;
 pub mod config;

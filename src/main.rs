@@ -10,6 +10,7 @@ use std::sync::Arc;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Check(args) => ratelimit::client::cli::run(&args),
         Command::Limits {
             command: LimitsCommand::Check { file },
         } => match ratelimit::limits::Limits::load(&file) {

@@ -1,0 +1,186 @@
+//! The client's deny-until cache: once the service refuses a key, further checks of it
+//! are refused here, with no RPC, until the `retry_after` the service gave has passed.
+//!
+//! This is what keeps an exhausted or abusive key from costing the service (and RTDB)
+//! anything: the caller's retries are answered in-process. Two details keep it exact:
+//! - it remembers the `remaining` the service reported, and only refuses checks whose
+//!   cost exceeds it (counts only grow within a window, so such a check would be refused
+//!   anyway); a smaller check still goes to the service, which may admit it;
+//! - it follows the client's injectable clock, so tests can step past `retry_after`.
+//!
+//! Only the service's own refusals are cached. A refusal decided by the limit's failure
+//! policy (`deny` while the store is down) says nothing about the key's usage, and the
+//! client's own fallback refusals are already answered without the service.
+
+use crate::limiter::{Decision, Source};
+use crate::window;
+use moka::Expiry;
+use moka::sync::Cache;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Entries kept at most; an evicted one only costs one RPC later.
+const CAPACITY: u64 = 100_000;
+
+#[derive(Debug, Clone)]
+struct Entry {
+    /// Refuse until this time (client clock, Unix ms).
+    until_ms: u64,
+    /// Time to live on moka's real clock; only frees memory, correctness uses `until_ms`.
+    ttl: Duration,
+    remaining: u32,
+    limit: u32,
+    shared: bool,
+    limit_name: Arc<str>,
+    window: i64,
+}
+
+struct UntilRetry;
+
+impl Expiry<(Arc<str>, Arc<str>), Entry> for UntilRetry {
+    fn expire_after_create(
+        &self,
+        _: &(Arc<str>, Arc<str>),
+        entry: &Entry,
+        _: Instant,
+    ) -> Option<Duration> {
+        Some(entry.ttl)
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &(Arc<str>, Arc<str>),
+        entry: &Entry,
+        _: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(entry.ttl)
+    }
+}
+
+/// `(limit, key)` → the service's last refusal, while it holds.
+pub(crate) struct DenyUntil {
+    entries: Cache<(Arc<str>, Arc<str>), Entry>,
+}
+
+impl Default for DenyUntil {
+    fn default() -> Self {
+        Self {
+            entries: Cache::builder()
+                .max_capacity(CAPACITY)
+                .expire_after(UntilRetry)
+                .build(),
+        }
+    }
+}
+
+impl DenyUntil {
+    /// Remembers `decision` for `(limit, key)` if it is a refusal by the service.
+    pub(crate) fn record(&self, limit: &str, key: &str, decision: &Decision, now_ms: u64) {
+        let by_the_service = matches!(
+            decision.source,
+            Source::Store | Source::DenyCache | Source::LocalFallback
+        );
+        if decision.allowed || !by_the_service {
+            return;
+        }
+        let wait = decision.retry_after.unwrap_or(decision.reset_after);
+        if wait.is_zero() {
+            return;
+        }
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        self.entries.insert(
+            (Arc::from(limit), Arc::from(key)),
+            Entry {
+                until_ms: now_ms.saturating_add(wait_ms),
+                ttl: wait,
+                remaining: decision.remaining,
+                limit: decision.limit,
+                shared: decision.shared,
+                limit_name: decision.limit_name.clone(),
+                window: decision.window,
+            },
+        );
+    }
+
+    /// A refusal for `cost` hits of `(limit, key)` at `now_ms`, if one is known to hold.
+    pub(crate) fn check(&self, limit: &str, key: &str, cost: u32, now_ms: u64) -> Option<Decision> {
+        let entry = self.entries.get(&(Arc::from(limit), Arc::from(key)))?;
+        if now_ms >= entry.until_ms || cost <= entry.remaining {
+            return None;
+        }
+        let wait = Duration::from_secs(window::ceil_secs(Duration::from_millis(
+            entry.until_ms - now_ms,
+        )));
+        Some(Decision {
+            allowed: false,
+            limit: entry.limit,
+            remaining: entry.remaining,
+            reset_after: wait,
+            retry_after: Some(wait),
+            shared: entry.shared,
+            source: Source::DenyCache,
+            limit_name: entry.limit_name,
+            window: entry.window,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(remaining: u32, source: Source) -> Decision {
+        Decision {
+            allowed: false,
+            limit: 3,
+            remaining,
+            reset_after: Duration::from_secs(50),
+            retry_after: Some(Duration::from_secs(50)),
+            shared: true,
+            source,
+            limit_name: Arc::from("t"),
+            window: 7,
+        }
+    }
+
+    #[test]
+    fn a_refusal_holds_until_retry_after_then_lapses() {
+        let c = DenyUntil::default();
+        c.record("t", "k", &refusal(0, Source::Store), 1_000);
+        let d = c.check("t", "k", 1, 1_000).expect("refused locally");
+        assert_eq!(d.source, Source::DenyCache);
+        assert_eq!(d.retry_after, Some(Duration::from_secs(50)));
+        assert!(d.shared && !d.allowed);
+        let later = c.check("t", "k", 1, 50_999).expect("still refused");
+        assert_eq!(
+            later.retry_after,
+            Some(Duration::from_secs(1)),
+            "rounded up"
+        );
+        assert!(c.check("t", "k", 1, 51_000).is_none(), "lapsed");
+        assert!(c.check("t", "other", 1, 1_000).is_none());
+        assert!(c.check("u", "k", 1, 1_000).is_none());
+    }
+
+    #[test]
+    fn a_refused_large_cost_does_not_block_a_smaller_one_that_fits() {
+        let c = DenyUntil::default();
+        c.record("t", "k", &refusal(2, Source::Store), 0);
+        assert!(c.check("t", "k", 2, 0).is_none(), "2 may still fit");
+        assert!(c.check("t", "k", 3, 0).is_some());
+    }
+
+    #[test]
+    fn only_the_services_refusals_of_the_key_are_cached() {
+        let c = DenyUntil::default();
+        c.record("t", "a", &refusal(0, Source::FailurePolicy), 0);
+        c.record("t", "b", &refusal(0, Source::ClientFallback), 0);
+        let mut allowed = refusal(0, Source::Store);
+        allowed.allowed = true;
+        c.record("t", "c", &allowed, 0);
+        for k in ["a", "b", "c"] {
+            assert!(c.check("t", k, 1, 0).is_none(), "{k}");
+        }
+    }
+}
