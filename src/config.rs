@@ -76,6 +76,11 @@ pub struct CheckArgs {
     #[arg(long, env = "RATELIMIT_LIMITS")]
     pub limits: Option<PathBuf>,
 
+    /// Send a Google ID token for the service's URL (from the metadata server) as
+    /// `x-serverless-authorization`, for a Cloud Run service deployed with IAM.
+    #[arg(long, env = "RATELIMIT_CLOUD_RUN_AUTH")]
+    pub cloud_run_auth: bool,
+
     /// What is limited: an API token id, a user id, an e-mail, an IP...
     pub key: String,
 }

@@ -888,8 +888,8 @@ async fn the_cli_answers_alone_without_a_service_and_refuses_bad_input() {
             "error: cost: must not exceed the 120 requests of limit \"mcp\", got 500\n",
         ),
         (
-            vec!["check", "--server", "https://ratelimit.example", "k"],
-            "https is not supported",
+            vec!["check", "--server", "ftp://ratelimit.example", "k"],
+            "expected http://HOST:PORT or https://HOST",
         ),
         (
             vec!["check", "--server", url, "--cost", "abc", "k"],

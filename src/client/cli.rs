@@ -60,12 +60,15 @@ async fn check(args: &CheckArgs) -> Result<Decision, ClientError> {
         Some(path) => Limits::load(path)?,
         None => Limits::builtin(),
     };
-    let client = Client::builder(args.server.as_str())
+    let mut builder = Client::builder(args.server.as_str())
         .deadline(args.deadline)
         .fallback_limits(fallback)
         // One check per process: learning the limits would be a wasted call.
-        .learn_limits(false)
-        .build()?;
+        .learn_limits(false);
+    if args.cloud_run_auth {
+        builder = builder.cloud_run_auth();
+    }
+    let client = builder.build()?;
     client.check(&args.limit, &args.key, args.cost).await
 }
 

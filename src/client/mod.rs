@@ -37,9 +37,11 @@
 pub mod cli;
 mod deny;
 pub mod headers;
+pub mod id_token;
 mod known;
 pub mod layer;
 
+pub use id_token::{IdTokenError, IdTokens};
 pub use layer::{RateLimit, RateLimitLayer};
 
 use crate::breaker::{Breaker, BreakerConfig, State};
@@ -138,6 +140,18 @@ pub struct ClientBuilder {
     breaker: BreakerConfig,
     clock: SharedClock,
     learn_limits: bool,
+    auth: Auth,
+}
+
+/// How the client proves who it is to the service's front door.
+#[derive(Clone, Debug)]
+enum Auth {
+    /// Nothing (loopback, private networks, unauthenticated Cloud Run services).
+    None,
+    /// A Google ID token for the service's URL from the metadata server (Cloud Run IAM).
+    CloudRun,
+    /// Given ID tokens (another audience or metadata host).
+    Tokens(Arc<IdTokens>),
 }
 
 impl std::fmt::Debug for ClientBuilder {
@@ -149,6 +163,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("fallback", &self.fallback.summary())
             .field("breaker", &self.breaker)
             .field("learn_limits", &self.learn_limits)
+            .field("auth", &self.auth)
             .finish()
     }
 }
@@ -195,6 +210,22 @@ impl ClientBuilder {
         self
     }
 
+    /// Authenticates to a Cloud Run service deployed with IAM
+    /// (`--no-allow-unauthenticated`): each call carries a Google ID token for the
+    /// service's URL, from the metadata server of the Google Cloud runtime the caller
+    /// runs on, as `x-serverless-authorization`. The caller's service account needs
+    /// `roles/run.invoker` on the rate-limit service.
+    pub fn cloud_run_auth(mut self) -> Self {
+        self.auth = Auth::CloudRun;
+        self
+    }
+
+    /// Sends these ID tokens as `x-serverless-authorization` (e.g. another audience).
+    pub fn id_tokens(mut self, tokens: IdTokens) -> Self {
+        self.auth = Auth::Tokens(Arc::new(tokens));
+        self
+    }
+
     /// The client. Connects lazily: nothing is dialled until the first call, so this
     /// works while the service is down. Must run inside a Tokio runtime.
     pub fn build(self) -> Result<Client, ClientError> {
@@ -214,6 +245,14 @@ impl ClientBuilder {
         }
         let endpoint =
             endpoint(&self.url)?.connect_timeout(self.connect_timeout.unwrap_or(self.deadline));
+        let id_tokens = match &self.auth {
+            Auth::None => None,
+            Auth::CloudRun => Some(Arc::new(
+                IdTokens::from_metadata_server(&audience(&self.url))
+                    .map_err(|e| ClientError::Config(e.to_string()))?,
+            )),
+            Auth::Tokens(t) => Some(t.clone()),
+        };
         let rpc = {
             let _entered = runtime.enter();
             RateLimiterClient::new(endpoint.connect_lazy())
@@ -231,6 +270,7 @@ impl ClientBuilder {
                 local: MemoryStore::new(self.clock.clone()),
                 clock: self.clock,
                 learn_limits: self.learn_limits,
+                id_tokens,
                 learning: AtomicBool::new(false),
                 degraded: AtomicBool::new(false),
             }),
@@ -238,8 +278,9 @@ impl ClientBuilder {
     }
 }
 
-/// Checks the URL before tonic sees it: tonic would accept a URL without a scheme or
-/// an `https` one (this build has no TLS) and only fail on every call.
+/// Checks the URL before tonic sees it: tonic would accept a URL without a scheme and
+/// only fail on every call. `https` gets TLS with the webpki (Mozilla) roots, as Cloud
+/// Run's `*.run.app` endpoints need.
 fn endpoint(url: &str) -> Result<Endpoint, ClientError> {
     let bad = |reason: &str| ClientError::Url {
         url: url.to_owned(),
@@ -248,19 +289,30 @@ fn endpoint(url: &str) -> Result<Endpoint, ClientError> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e: http::uri::InvalidUri| bad(&e.to_string()))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(bad(
-                "https is not supported (this build has no TLS); use http://HOST:PORT",
-            ));
-        }
-        _ => return Err(bad("expected http://HOST:PORT")),
-    }
+    let tls = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err(bad("expected http://HOST:PORT or https://HOST")),
+    };
     if uri.host().is_none_or(str::is_empty) {
-        return Err(bad("expected http://HOST:PORT"));
+        return Err(bad("expected http://HOST:PORT or https://HOST"));
     }
-    Endpoint::from_shared(url.to_owned()).map_err(|e| bad(&e.to_string()))
+    let endpoint = Endpoint::from_shared(url.to_owned()).map_err(|e| bad(&e.to_string()))?;
+    if !tls {
+        return Ok(endpoint);
+    }
+    crate::install_crypto_provider();
+    endpoint
+        .tls_config(tonic::transport::ClientTlsConfig::new().with_webpki_roots())
+        .map_err(|e| bad(&format!("TLS: {e}")))
+}
+
+/// The ID-token audience Cloud Run expects: the service URL without a path.
+fn audience(url: &str) -> String {
+    url.parse::<http::Uri>()
+        .ok()
+        .and_then(|u| Some(format!("{}://{}", u.scheme_str()?, u.authority()?)))
+        .unwrap_or_else(|| url.to_owned())
 }
 
 /// A rate-limit client. Cheap to clone; clones share one connection, breaker, deny-until
@@ -290,6 +342,8 @@ struct Inner {
     local: MemoryStore,
     clock: SharedClock,
     learn_limits: bool,
+    /// Cloud Run IAM: ID tokens sent as `x-serverless-authorization`.
+    id_tokens: Option<Arc<IdTokens>>,
     learning: AtomicBool,
     /// True between the first local decision of an outage and the service's next
     /// answer; logging only the transitions keeps an outage to two log lines.
@@ -362,6 +416,7 @@ impl Client {
             breaker: BreakerConfig::default(),
             clock: clock::system(),
             learn_limits: true,
+            auth: Auth::None,
         }
     }
 
@@ -550,10 +605,31 @@ impl Client {
             (conn.generation, conn.rpc.clone())
         };
         let mut request = tonic::Request::new(message);
+        let started = std::time::Instant::now();
+        if let Some(tokens) = &inner.id_tokens {
+            let token = tokio::time::timeout(inner.deadline, tokens.token()).await;
+            let header = match token {
+                Ok(Ok(t)) => format!("Bearer {t}").parse().ok(),
+                _ => None,
+            };
+            let Some(header) = header else {
+                // Without a token the front door would refuse the call: decide locally.
+                let failure = Unavailable::Failed {
+                    code: Code::Unauthenticated,
+                    message: "no ID token for the service (metadata server unreachable?)".into(),
+                };
+                attempt.finish(false, failure.kind());
+                return Err(CallError::Down(failure));
+            };
+            request
+                .metadata_mut()
+                .insert("x-serverless-authorization", header);
+        }
+        let left = inner.deadline.saturating_sub(started.elapsed());
         // The service reads this as its own budget, so it answers (from its fallback if
         // need be) before this deadline rather than let the call time out.
-        request.set_timeout(inner.deadline);
-        let result = tokio::time::timeout(inner.deadline, rpc(client, request)).await;
+        request.set_timeout(left);
+        let result = tokio::time::timeout(left, rpc(client, request)).await;
         let failure = match result {
             Ok(Ok(response)) => {
                 attempt.finish(true, "ok");
@@ -677,7 +753,6 @@ mod tests {
     async fn urls_are_checked_before_any_call() {
         for (url, want) in [
             ("127.0.0.1:50051", "expected http://HOST:PORT"),
-            ("https://ratelimit.example", "https is not supported"),
             ("http://", "empty string"),
             ("http://exa mple", "invalid"),
             ("ftp://ratelimit.example:21", "expected http://HOST:PORT"),
@@ -687,6 +762,14 @@ mod tests {
             assert!(err.to_string().contains(want), "{url}: {err}");
         }
         assert!(Client::new("http://127.0.0.1:1").is_ok());
+        assert!(
+            Client::new("https://ratelimit-abc123-ew.a.run.app").is_ok(),
+            "https gets TLS"
+        );
+        assert_eq!(
+            audience("https://ratelimit-abc.a.run.app/some/path"),
+            "https://ratelimit-abc.a.run.app"
+        );
     }
 
     #[tokio::test]
