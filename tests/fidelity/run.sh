@@ -19,13 +19,19 @@ if ! "$PYTHON" -c 'import firebase_admin' 2>/dev/null; then
     exit 2
 fi
 
-cargo build -p rtdb-emulator
-target_dir="${CARGO_TARGET_DIR:-target}"
-case "$target_dir" in
-    /*) ;;
-    *) target_dir="$root/$target_dir" ;;
-esac
-bin="$target_dir/debug/rtdb-emulator"
+# RTDB_EMULATOR_BIN: an emulator binary already built (scripts/test passes the one
+# `cargo test` built); otherwise build it here.
+if [ -n "${RTDB_EMULATOR_BIN:-}" ] && [ -x "$RTDB_EMULATOR_BIN" ]; then
+    bin="$RTDB_EMULATOR_BIN"
+else
+    cargo build -p rtdb-emulator
+    target_dir="${CARGO_TARGET_DIR:-target}"
+    case "$target_dir" in
+        /*) ;;
+        *) target_dir="$root/$target_dir" ;;
+    esac
+    bin="$target_dir/debug/rtdb-emulator"
+fi
 
 port="$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
 log="$(mktemp)"
