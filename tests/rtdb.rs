@@ -409,3 +409,79 @@ async fn rules_deny_clients_and_a_non_admin_token_falls_back() {
     assert!(d.allowed && !d.shared, "{d:?}");
     assert_eq!(emu.value(NS, "rateLimits/mcp/k"), serde_json::Value::Null);
 }
+
+/// A store whose cached ETag has gone stale because another writer changed the node.
+async fn stale_tag_limiter(emu: &rtdb_emulator::Emulator, max_attempts: u32) -> Limiter {
+    let store = rtdb::store_with(
+        emu,
+        Arc::new(ratelimit::store::rtdb::auth::EmulatorOwner),
+        RtdbOptions {
+            max_attempts,
+            ..RtdbOptions::default()
+        },
+    );
+    let limiter = Limiter::new(
+        Limits::builtin(),
+        store,
+        Arc::new(ManualClock::new(T0)),
+        opts(),
+    );
+    assert!(
+        limiter
+            .check("", "raced", 1, None)
+            .await
+            .expect("ok")
+            .shared,
+        "warm the cache"
+    );
+    // Another instance writes: the cached tag no longer matches.
+    emu.set_value(NS, "rateLimits/mcp/raced", json!({ W.to_string(): 10 }));
+    emu.reset_stats();
+    limiter
+}
+
+#[tokio::test]
+async fn a_412_is_retried_from_its_body_and_tag_without_a_read() {
+    let emu = rtdb::emulator().await;
+    let limiter = stale_tag_limiter(&emu, 3).await;
+    let d = limiter.check("", "raced", 1, None).await.expect("ok");
+    assert!(d.shared && d.allowed, "{d:?}");
+    assert_eq!(
+        d.remaining,
+        120 - 11,
+        "counted on top of the other writer's 10"
+    );
+    let s = emu.stats();
+    assert_eq!(
+        (s.method("GET"), s.method("PUT"), s.status(412)),
+        (0, 2, 1),
+        "{s:?}"
+    );
+    assert_eq!(
+        emu.value(NS, "rateLimits/mcp/raced"),
+        json!({ W.to_string(): 11 })
+    );
+}
+
+#[tokio::test]
+async fn running_out_of_attempts_is_contention_and_falls_back() {
+    let emu = rtdb::emulator().await;
+    let limiter = stale_tag_limiter(&emu, 1).await;
+    let d = limiter.check("", "raced", 1, None).await.expect("ok");
+    assert!(d.allowed && !d.shared, "{d:?}");
+    assert_eq!(d.source, ratelimit::limiter::Source::LocalFallback);
+    assert_eq!(emu.stats().status(412), 1);
+    assert_eq!(
+        emu.value(NS, "rateLimits/mcp/raced"),
+        json!({ W.to_string(): 10 }),
+        "nothing written"
+    );
+    // Contention says nothing bad about the store: the breaker stays closed and the next
+    // check (cache dropped: one read, one write) is shared again.
+    assert_eq!(
+        limiter.breaker_state(),
+        Some(ratelimit::breaker::State::Closed)
+    );
+    let d = limiter.check("", "raced", 1, None).await.expect("ok");
+    assert_eq!((d.shared, d.remaining), (true, 109));
+}
