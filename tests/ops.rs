@@ -249,9 +249,20 @@ async fn metrics_count_decisions_store_latency_errors_fallbacks_and_breaker() {
 
 #[tokio::test]
 async fn json_logs_have_cloud_logging_fields_and_no_secret_appears_at_trace_level() {
+    let emu = emulator().await;
     let p = Proc::start(
-        &["--log-format", "json", "--log", "trace"],
-        &[("RATELIMIT_ADMIN_TOKEN", "S3cr3t-Adm1n-T0ken")],
+        &[
+            "--log-format",
+            "json",
+            "--log",
+            "trace",
+            "--database-url",
+            DB_URL,
+        ],
+        &[
+            ("RATELIMIT_ADMIN_TOKEN", "S3cr3t-Adm1n-T0ken"),
+            ("FIREBASE_DATABASE_EMULATOR_HOST", &emu.host()),
+        ],
     )
     .await;
     let mut c = p.client().await;
@@ -277,6 +288,14 @@ async fn json_logs_have_cloud_logging_fields_and_no_secret_appears_at_trace_leve
         !out.contains("Wr0ng-Pr3sented-T0ken"),
         "presented token leaked:\n{out}"
     );
+    assert!(
+        !out.to_ascii_lowercase().contains("bearer owner"),
+        "RTDB bearer token leaked:\n{out}"
+    );
+    assert!(
+        emu.stats().method("PUT") >= 1,
+        "the check went through the RTDB store"
+    );
     let lines: Vec<serde_json::Value> = out
         .lines()
         .filter(|l| l.starts_with('{'))
@@ -291,7 +310,7 @@ async fn json_logs_have_cloud_logging_fields_and_no_secret_appears_at_trace_leve
         serving["time"].as_str().is_some_and(|t| t.ends_with('Z')),
         "{serving}"
     );
-    assert_eq!(serving["store"], "memory");
+    assert_eq!(serving["store"], "rtdb");
     assert!(
         lines.iter().any(|l| l["message"] == "key reset by admin"),
         "{out}"
