@@ -45,10 +45,16 @@ pub enum ServeError {
 
 /// Binds `addr` (port 0 picks a free port).
 pub fn bind(addr: SocketAddr) -> Result<TcpIncoming, ServeError> {
-    TcpIncoming::bind(addr).map_err(|source| ServeError::Bind {
-        addr,
-        source: source.into(),
-    })
+    TcpIncoming::bind(addr)
+        // TCP_NODELAY, as tonic's own `Server::serve` sets it (it ignores its
+        // `tcp_nodelay` for a caller-supplied incoming). Without it Nagle holds back a
+        // small HTTP/2 write until the peer's delayed ACK: the load generator saw a
+        // ~40 ms stall in more than 1 of 1,000 checks (p99.9 ≈ 42 ms; BENCHMARKS.md §7).
+        .map(|incoming| incoming.with_nodelay(Some(true)))
+        .map_err(|source| ServeError::Bind {
+            addr,
+            source: source.into(),
+        })
 }
 
 /// How the server treats connections and load.
