@@ -32,6 +32,9 @@ struct Queue {
 
 type QueueKey = (Arc<str>, Arc<str>);
 
+/// Longest pause between two batches of one key (see the fairness note in `run`).
+const MAX_LINGER: Duration = Duration::from_millis(25);
+
 /// Batches concurrent checks per `(limit, key)`.
 pub struct Coalescer {
     store: Arc<dyn CounterStore>,
@@ -117,7 +120,30 @@ async fn run(
     qkey: QueueKey,
     call_timeout: Duration,
 ) {
+    // How long the previous store call of this key took, if it succeeded.
+    let mut last_write: Option<Duration> = None;
     loop {
+        {
+            // Nothing waiting: done (so the linger below only ever delays a hot key).
+            // Decided under the lock `admit` joins under: a check arriving after this
+            // finds no runner and starts one.
+            let mut map = lock(&queues);
+            if map.get(&qkey).is_none_or(|q| q.pending.is_empty()) {
+                map.remove(&qkey);
+                return;
+            }
+        }
+        if let Some(took) = last_write.take() {
+            // Fairness across instances: the instance whose write was applied first gets
+            // its answer first, and on a hot key it would send its next batch first every
+            // time, so the others' immediate retries after a 412 keep losing until they
+            // run out of attempts and fall back locally, over-admitting (BENCHMARKS.md
+            // §4). Waiting a random part of one round trip before the next batch lets
+            // their retries in. It only happens while this key has queued checks, costs
+            // those at most one round trip (capped), and lets more checks share a write.
+            let linger = took.min(MAX_LINGER).mul_f64(fastrand::f64());
+            tokio::time::sleep(linger).await;
+        }
         let batch = {
             let mut map = lock(&queues);
             let taken = map.get_mut(&qkey).map(|q| std::mem::take(&mut q.pending));
@@ -138,10 +164,12 @@ async fn run(
         // windows only move forward.
         let window = batch.iter().map(|w| w.window).max().unwrap_or_default();
         let costs: Vec<u32> = batch.iter().map(|w| w.cost).collect();
+        let started = tokio::time::Instant::now();
         let result =
             crate::store::within(call_timeout, store.admit(&limit, &qkey.1, window, &costs)).await;
         match result {
             Ok(admission) if admission.outcomes.len() == batch.len() => {
+                last_write = Some(started.elapsed());
                 for (w, outcome) in batch.into_iter().zip(admission.outcomes) {
                     let _ = w.reply.send(Ok((admission.window, outcome)));
                 }
