@@ -62,6 +62,11 @@ fn main() -> ExitCode {
 
 async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     ratelimit::install_crypto_provider();
+    // The recorder goes in first: the limiter reports its breaker state when built.
+    let metrics_addr = match args.metrics_listen {
+        Some(m) => Some(ratelimit::metrics::serve(m).await?),
+        None => None,
+    };
     let clock = ratelimit::clock::system();
     let limiter = Arc::new(config::build_limiter(&args, clock).await?);
     let admin = std::env::var(config::ADMIN_TOKEN_ENV)
@@ -69,10 +74,6 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|t| AdminToken::new(&t));
     let addr = args.listen_addr()?;
     let incoming = server::bind(addr)?;
-    let metrics_addr = match args.metrics_listen {
-        Some(m) => Some(ratelimit::metrics::serve(m).await?),
-        None => None,
-    };
     tracing::info!(
         listen = %addr,
         store = limiter.store_name(),

@@ -185,6 +185,12 @@ async fn metrics_count_decisions_store_latency_errors_fallbacks_and_breaker() {
         &[("FIREBASE_DATABASE_EMULATOR_HOST", &emu.host())],
     )
     .await;
+    let before = scrape(mport).await;
+    assert_eq!(
+        metric(&before, "ratelimit_breaker_state"),
+        Some(0.0),
+        "closed, from the start:\n{before}"
+    );
     let mut c = p.client().await;
     for _ in 0..3 {
         assert!(
