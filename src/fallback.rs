@@ -24,9 +24,53 @@ use std::time::{Duration, Instant};
 /// How often the aggregated fallback summary is written while fallbacks continue.
 pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
+/// This process's own fixed windows, as decisions: the service's fallback and the
+/// client library's both decide through this, so they cannot disagree on window math.
+#[derive(Clone)]
+pub struct LocalWindow {
+    store: MemoryStore,
+    clock: SharedClock,
+}
+
+impl LocalWindow {
+    /// Empty windows, numbered by `clock`.
+    pub fn new(clock: SharedClock) -> Self {
+        Self {
+            store: MemoryStore::new(clock.clone()),
+            clock,
+        }
+    }
+
+    /// Counts `cost` hits for `key` under `limit` in the current window; the decision
+    /// says `source` (never shared).
+    pub fn decide(&self, limit: &Limit, key: &str, cost: u32, source: Source) -> Decision {
+        let now = self.clock.now_ms();
+        let window = window::number(now, limit.window_ms);
+        let admission = self.store.admit_now(limit, key, window, &[cost]);
+        let outcome = admission.outcomes.first().copied().unwrap_or(Outcome {
+            allowed: false,
+            count: limit.requests,
+        });
+        Decision::from_outcome(limit, now, admission.window, outcome, source)
+    }
+
+    /// `key`'s current window under `limit`, counting nothing.
+    pub fn peek(&self, limit: &Limit, key: &str, source: Source) -> Decision {
+        let now = self.clock.now_ms();
+        let window = window::number(now, limit.window_ms);
+        Decision::from_state(limit, now, self.store.peek_now(limit, key, window), source)
+    }
+
+    /// Forgets `key`'s window under `limit` (the current and the next one).
+    pub fn reset(&self, limit: &Limit, key: &str) {
+        let window = window::number(self.clock.now_ms(), limit.window_ms);
+        self.store.reset_now(limit, key, window);
+    }
+}
+
 /// Per-instance decisions for when the store fails.
 pub struct Fallback {
-    local: MemoryStore,
+    local: LocalWindow,
     clock: SharedClock,
     log: FallbackLog,
 }
@@ -35,7 +79,7 @@ impl Fallback {
     /// A fallback with an empty local window.
     pub fn new(clock: SharedClock) -> Self {
         Self {
-            local: MemoryStore::new(clock.clone()),
+            local: LocalWindow::new(clock.clone()),
             clock,
             log: FallbackLog::default(),
         }
@@ -43,53 +87,44 @@ impl Fallback {
 
     /// Decides `cost` hits for `key` under `limit` without the store, after `error`.
     pub fn decide(&self, limit: &Limit, key: &str, cost: u32, error: &StoreError) -> Decision {
-        let now = self.clock.now_ms();
-        let window = window::number(now, limit.window_ms);
-        let (outcome, source) = match limit.on_store_failure {
-            FailurePolicy::Local => {
-                let admission = self.local.admit_now(limit, key, window, &[cost]);
-                let outcome = admission.outcomes.first().copied().unwrap_or(Outcome {
-                    allowed: false,
-                    count: limit.requests,
-                });
-                (outcome, Source::LocalFallback)
-            }
-            FailurePolicy::Allow => (
+        let decision = match limit.on_store_failure {
+            FailurePolicy::Local => self.local.decide(limit, key, cost, Source::LocalFallback),
+            FailurePolicy::Allow => self.by_policy(
+                limit,
                 Outcome {
                     allowed: true,
                     count: cost,
                 },
-                Source::FailurePolicy,
             ),
-            FailurePolicy::Deny => (
+            FailurePolicy::Deny => self.by_policy(
+                limit,
                 Outcome {
                     allowed: false,
                     count: limit.requests,
                 },
-                Source::FailurePolicy,
             ),
         };
-        self.log.record(limit, error, outcome.allowed);
+        self.log.record(limit, error, decision.allowed);
         crate::metrics::fallback(&limit.name, error.kind());
-        Decision::from_outcome(limit, now, window, outcome, source)
+        decision
     }
 
     /// Reports `key`'s local window without counting, after `error`.
     pub fn peek(&self, limit: &Limit, key: &str, error: &StoreError) -> Decision {
+        tracing::debug!(limit = %limit.name, reason = error.kind(), "peek answered from the local window");
+        self.local.peek(limit, key, Source::LocalFallback)
+    }
+
+    /// A decision the limit's `allow`/`deny` policy made, counted nowhere.
+    fn by_policy(&self, limit: &Limit, outcome: Outcome) -> Decision {
         let now = self.clock.now_ms();
         let window = window::number(now, limit.window_ms);
-        tracing::debug!(limit = %limit.name, reason = error.kind(), "peek answered from the local window");
-        Decision::from_state(
-            limit,
-            now,
-            self.local.peek_now(limit, key, window),
-            Source::LocalFallback,
-        )
+        Decision::from_outcome(limit, now, window, outcome, Source::FailurePolicy)
     }
 
     /// Clears `key`'s local window.
-    pub fn reset(&self, limit: &Limit, key: &str, window: i64) {
-        self.local.reset_now(limit, key, window);
+    pub fn reset(&self, limit: &Limit, key: &str) {
+        self.local.reset(limit, key);
     }
 
     /// The aggregated log, for tests.

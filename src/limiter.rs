@@ -386,7 +386,7 @@ impl Limiter {
         let limit = self.limits.get(limit_name)?;
         validate_key(key)?;
         let window = window::number(self.clock.now_ms(), limit.window_ms);
-        self.fallback.reset(limit, key, window);
+        self.fallback.reset(limit, key);
         if let Some(remote) = &self.remote {
             remote.deny.clear(limit, key);
         }

@@ -57,6 +57,17 @@ impl FailurePolicy {
             FailurePolicy::Deny => "deny",
         }
     }
+
+    /// The policy named `name` (as [`FailurePolicy::as_str`] writes it), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            FailurePolicy::Local,
+            FailurePolicy::Allow,
+            FailurePolicy::Deny,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == name)
+    }
 }
 
 impl fmt::Display for FailurePolicy {
@@ -415,6 +426,18 @@ mod tests {
             "{}",
             l.summary()
         );
+    }
+
+    #[test]
+    fn policy_names_round_trip() {
+        for p in [
+            FailurePolicy::Local,
+            FailurePolicy::Allow,
+            FailurePolicy::Deny,
+        ] {
+            assert_eq!(FailurePolicy::from_name(p.as_str()), Some(p));
+        }
+        assert_eq!(FailurePolicy::from_name("maybe"), None);
     }
 
     #[test]

@@ -121,11 +121,8 @@ pub(crate) fn from_pb(response: pb::ListLimitsResponse) -> Result<Limits, Limits
                 limit: l.name.clone(),
                 problem: "window missing or negative".into(),
             })?;
-        let policy = match l.on_store_failure.as_str() {
-            "allow" => FailurePolicy::Allow,
-            "deny" => FailurePolicy::Deny,
-            _ => FailurePolicy::Local,
-        };
+        // An unknown name (a newer service) means the default, the ADR's `local`.
+        let policy = FailurePolicy::from_name(&l.on_store_failure).unwrap_or_default();
         if l.is_default && default.is_none() {
             default = Some(l.name.clone());
         }

@@ -3,7 +3,7 @@
 //!
 //! [`Client::check`] sends `Check` with a deadline (1.5 s by default). When the service
 //! is unreachable, late or failing, the client decides from its **own** per-process
-//! window — the same [`MemoryStore`] code the service falls back to — and says so
+//! window — the same [`LocalWindow`] code the service falls back to — and says so
 //! (`shared = false`, [`Source::ClientFallback`]). Around that call:
 //!
 //! - input is validated here with the service's own rules and messages
@@ -46,12 +46,11 @@ pub use layer::{RateLimit, RateLimitLayer};
 
 use crate::breaker::{Breaker, BreakerConfig, State};
 use crate::clock::{self, SharedClock};
+use crate::fallback::LocalWindow;
 use crate::limiter::{CheckError, Decision, Source, resolve_cost, validate_key};
 use crate::limits::{Limit, Limits, LimitsError};
 use crate::pb;
 use crate::pb::rate_limiter_client::RateLimiterClient;
-use crate::store::{MemoryStore, Outcome};
-use crate::window;
 use deny::DenyUntil;
 use http::HeaderMap;
 use known::KnownLimits;
@@ -267,7 +266,7 @@ impl ClientBuilder {
                 breaker: Breaker::new(self.breaker).subject("service"),
                 known: KnownLimits::new(self.fallback),
                 deny: DenyUntil::default(),
-                local: MemoryStore::new(self.clock.clone()),
+                local: LocalWindow::new(self.clock.clone()),
                 clock: self.clock,
                 learn_limits: self.learn_limits,
                 id_tokens,
@@ -339,7 +338,7 @@ struct Inner {
     known: KnownLimits,
     deny: DenyUntil,
     /// The client's own window, for when the service cannot answer.
-    local: MemoryStore,
+    local: LocalWindow,
     clock: SharedClock,
     learn_limits: bool,
     /// Cloud Run IAM: ID tokens sent as `x-serverless-authorization`.
@@ -495,20 +494,10 @@ impl Client {
             Err(CallError::Caller(e)) => Err(e),
             Err(CallError::Down(why)) => {
                 let limit = self.fallback_limit(known, limit, &why)?;
-                let now = self.inner.clock.now_ms();
-                let window = window::number(now, limit.window_ms);
-                let admission = self.inner.local.admit_now(&limit, key, window, &[cost]);
-                let outcome = admission.outcomes.first().copied().unwrap_or(Outcome {
-                    allowed: false,
-                    count: limit.requests,
-                });
-                Ok(Decision::from_outcome(
-                    &limit,
-                    now,
-                    admission.window,
-                    outcome,
-                    Source::ClientFallback,
-                ))
+                Ok(self
+                    .inner
+                    .local
+                    .decide(&limit, key, cost, Source::ClientFallback))
             }
         }
     }
@@ -530,15 +519,7 @@ impl Client {
             Err(CallError::Caller(e)) => Err(e),
             Err(CallError::Down(why)) => {
                 let limit = self.fallback_limit(known, limit, &why)?;
-                let now = self.inner.clock.now_ms();
-                let window = window::number(now, limit.window_ms);
-                let state = self.inner.local.peek_now(&limit, key, window);
-                Ok(Decision::from_state(
-                    &limit,
-                    now,
-                    state,
-                    Source::ClientFallback,
-                ))
+                Ok(self.inner.local.peek(&limit, key, Source::ClientFallback))
             }
         }
     }
