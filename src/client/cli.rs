@@ -9,7 +9,6 @@
 use super::{Client, ClientError};
 use crate::config::CheckArgs;
 use crate::limiter::Decision;
-use crate::limits::Limits;
 use std::process::ExitCode;
 
 /// Exit code of an allowed check.
@@ -56,10 +55,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
 }
 
 async fn check(args: &CheckArgs) -> Result<Decision, ClientError> {
-    let fallback = match &args.limits {
-        Some(path) => Limits::load(path)?,
-        None => Limits::builtin(),
-    };
+    let fallback = crate::config::load_limits(args.limits.as_deref())?;
     let mut builder = Client::builder(args.server.as_str())
         .deadline(args.deadline)
         .fallback_limits(fallback)
