@@ -323,6 +323,17 @@ impl CounterStore for Guarded {
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
         self.call(self.inner.reset(limit, key)).await
     }
+
+    async fn release(
+        &self,
+        limit: &Limit,
+        key: &str,
+        window: i64,
+        hits: u32,
+    ) -> Result<bool, StoreError> {
+        self.call(self.inner.release(limit, key, window, hits))
+            .await
+    }
 }
 
 #[cfg(test)]

@@ -119,6 +119,20 @@ impl MemoryStore {
         }
     }
 
+    /// Lowers the count of `(limit, key)` in `window` by at most `hits`; the synchronous
+    /// core of [`CounterStore::release`].
+    pub fn release_now(&self, limit: &Limit, key: &str, window: i64, hits: u32) -> bool {
+        let Some(slot) = self.slots.get(&Self::slot_key(limit, key, window)) else {
+            return false;
+        };
+        let updated = slot
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                (c > 0 && hits > 0).then(|| c - hits.min(c))
+            });
+        updated.is_ok()
+    }
+
     /// The count of `(limit, key)` in `window`, without changing it.
     pub fn peek_now(&self, limit: &Limit, key: &str, window: i64) -> WindowCount {
         let count = self
@@ -171,6 +185,16 @@ impl CounterStore for MemoryStore {
         self.reset_now(limit, key, window);
         Ok(())
     }
+
+    async fn release(
+        &self,
+        limit: &Limit,
+        key: &str,
+        window: i64,
+        hits: u32,
+    ) -> Result<bool, StoreError> {
+        Ok(self.release_now(limit, key, window, hits))
+    }
 }
 
 #[cfg(test)]
@@ -218,6 +242,22 @@ mod tests {
         s.reset_now(&l, "k", 1);
         assert_eq!(s.peek_now(&l, "k", 1).count, 0);
         assert!(s.admit_now(&l, "k", 1, &[1]).outcomes[0].allowed);
+    }
+
+    #[test]
+    fn release_gives_back_at_most_what_was_counted_in_that_window() {
+        let s = store();
+        let l = Limit::new("t", 10, Duration::from_secs(60));
+        s.admit_now(&l, "k", 1, &[4]);
+        assert!(
+            !s.release_now(&l, "k", 2, 1),
+            "another window: nothing to give back"
+        );
+        assert!(s.release_now(&l, "k", 1, 3));
+        assert_eq!(s.peek_now(&l, "k", 1).count, 1);
+        assert!(s.release_now(&l, "k", 1, 9));
+        assert_eq!(s.peek_now(&l, "k", 1).count, 0, "never below zero");
+        assert!(!s.release_now(&l, "k", 1, 1));
     }
 
     #[test]

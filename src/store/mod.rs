@@ -126,6 +126,25 @@ pub trait CounterStore: Send + Sync + 'static {
 
     /// Clears the counter of `(limit, key)`, whatever window it holds.
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError>;
+
+    /// Gives back `hits` that were counted but never used (an unspent quota lease,
+    /// DESIGN §9): lowers the count of `(limit, key)` by at most `hits` (never below 0),
+    /// and only while the counter still holds `window`. Returns whether anything was given
+    /// back. A write whose outcome is unknown is not re-sent (giving back twice would
+    /// over-admit).
+    ///
+    /// The default gives nothing back: the hits then stay counted until the window ends,
+    /// which can only under-admit.
+    async fn release(
+        &self,
+        limit: &Limit,
+        key: &str,
+        window: i64,
+        hits: u32,
+    ) -> Result<bool, StoreError> {
+        let _ = (limit, key, window, hits);
+        Ok(false)
+    }
 }
 
 /// Runs a store call within `budget`; running out of time is [`StoreError::Timeout`].

@@ -203,13 +203,16 @@ impl RtdbStore {
         Ok(node)
     }
 
-    async fn transact(
+    /// One transaction on a node: `update` maps the node's current value to the value to
+    /// write (`None`: nothing to write) and a result. Runs on the cached `(value, etag)`
+    /// when there is one; a `412` refreshes both from its body and tag and `update` runs
+    /// again, without a read.
+    async fn transaction<T>(
         &self,
         limit: &Limit,
         encoded: &str,
-        window: i64,
-        costs: &[u32],
-    ) -> Result<Admission, StoreError> {
+        mut update: impl FnMut(Option<WindowCount>) -> (Option<WindowCount>, T),
+    ) -> Result<T, StoreError> {
         let cache_key = (limit.name.clone(), encoded.to_owned());
         let url = self.target.node_url(&limit.name, encoded);
         let path = self.target.node_path(&limit.name, encoded);
@@ -218,15 +221,12 @@ impl RtdbStore {
             None => self.read(limit, encoded).await?,
         };
         for _ in 0..self.max_attempts {
-            let (next, outcomes) = apply_batch(node.value, window, limit.requests, costs);
-            if !outcomes.iter().any(|o| o.allowed) {
-                // Nothing admitted, nothing to write. A cached count can only be lower than
-                // the truth (counts grow within a window), so a denial from it stands.
-                return Ok(Admission {
-                    window: next.window,
-                    outcomes,
-                });
-            }
+            let (next, result) = update(node.value);
+            let Some(next) = next else {
+                // Nothing to write. A denial from a cached count stands: counts only grow
+                // within a window, so the cache can only be lower than the truth.
+                return Ok(result);
+            };
             let body = format!("{{\"{}\":{}}}", next.window, next.count);
             let reply = match self
                 .send(Method::PUT, &url, Some(&node.etag), Some(body))
@@ -250,10 +250,7 @@ impl RtdbStore {
                         ),
                         None => self.nodes.invalidate(&cache_key),
                     }
-                    return Ok(Admission {
-                        window: next.window,
-                        outcomes,
-                    });
+                    return Ok(result);
                 }
                 StatusCode::PRECONDITION_FAILED => {
                     let value = parse_node(&path, &reply.body)?;
@@ -261,14 +258,15 @@ impl RtdbStore {
                         Some(etag) => CachedNode { etag, value },
                         None => self.read(limit, encoded).await?,
                     };
+                    // Cached at once: if the retry finds nothing to write (a denial), the
+                    // next check must not pay this 412 again.
+                    self.nodes.insert(cache_key.clone(), node.clone());
                     // A 412 already carries the fresh value and tag, so the retry needs no
                     // read, and it goes out at once, without the jitter the REST notes
                     // suggest: the instance that just won sends its next batch with the
-                    // tag of its own write, and a loser that sleeps first loses again. With
-                    // jitter, 3 instances racing on one hot key at +5 ms fell back on
-                    // exhausted attempts for 1,330 of 13,592 checks and over-admitted up to
-                    // 134 of 120; without it, 0 and 121-122 (BENCHMARKS.md §4). Racing losers
-                    // cannot livelock: one write wins every round.
+                    // tag of its own write, and a loser that sleeps first loses again
+                    // (measured in BENCHMARKS.md §4). Racing losers cannot livelock: one
+                    // write wins every round.
                 }
                 _ => {
                     self.nodes.invalidate(&cache_key);
@@ -280,6 +278,47 @@ impl RtdbStore {
         Err(StoreError::Contention {
             attempts: self.max_attempts,
         })
+    }
+
+    async fn transact(
+        &self,
+        limit: &Limit,
+        encoded: &str,
+        window: i64,
+        costs: &[u32],
+    ) -> Result<Admission, StoreError> {
+        self.transaction(limit, encoded, |stored| {
+            let (next, outcomes) = apply_batch(stored, window, limit.requests, costs);
+            let write = outcomes.iter().any(|o| o.allowed).then_some(next);
+            let admission = Admission {
+                window: next.window,
+                outcomes,
+            };
+            (write, admission)
+        })
+        .await
+    }
+
+    /// Gives back up to `hits` of `window` (an unspent lease), in one transaction.
+    async fn give_back(
+        &self,
+        limit: &Limit,
+        encoded: &str,
+        window: i64,
+        hits: u32,
+    ) -> Result<bool, StoreError> {
+        self.transaction(limit, encoded, |stored| match stored {
+            Some(v) if v.window == window && v.count > 0 && hits > 0 => {
+                let next = WindowCount {
+                    window,
+                    count: v.count - hits.min(v.count),
+                };
+                (Some(next), true)
+            }
+            // The window moved on, or nothing is counted: nothing to give back.
+            _ => (None, false),
+        })
+        .await
     }
 }
 
@@ -410,6 +449,17 @@ impl CounterStore for RtdbStore {
             return Err(status_error(&reply));
         }
         Ok(())
+    }
+
+    async fn release(
+        &self,
+        limit: &Limit,
+        key: &str,
+        window: i64,
+        hits: u32,
+    ) -> Result<bool, StoreError> {
+        self.give_back(limit, &keys::encode(key), window, hits)
+            .await
     }
 }
 
