@@ -334,6 +334,10 @@ impl CounterStore for Guarded {
         self.call(self.inner.release(limit, key, window, hits))
             .await
     }
+
+    fn lost_race_since(&self, limit: &Limit, key: &str, since: Instant) -> bool {
+        self.inner.lost_race_since(limit, key, since)
+    }
 }
 
 #[cfg(test)]

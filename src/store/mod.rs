@@ -145,6 +145,15 @@ pub trait CounterStore: Send + Sync + 'static {
         let _ = (limit, key, window, hits);
         Ok(false)
     }
+    /// Whether a write to `(limit, key)` lost a race at or after `since`: the store
+    /// answered, but another writer had changed the counter first. When a check's budget
+    /// runs out, this tells contention (the store is healthy; the check is denied, never
+    /// admitted locally) from an outage (fail open). Stores whose writes cannot conflict
+    /// keep the default, `false`.
+    fn lost_race_since(&self, limit: &Limit, key: &str, since: std::time::Instant) -> bool {
+        let _ = (limit, key, since);
+        false
+    }
 }
 
 /// Runs a store call within `budget`; running out of time is [`StoreError::Timeout`].

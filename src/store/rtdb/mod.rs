@@ -70,6 +70,9 @@ impl Default for RtdbOptions {
 struct CachedNode {
     etag: Arc<str>,
     value: Option<WindowCount>,
+    /// When a write to this node last lost a race (`412`): the store answered, another
+    /// writer got there first. Tells contention from an outage when a budget runs out.
+    lost_race_at: Option<std::time::Instant>,
 }
 
 /// One HTTP answer, reduced to what a transaction needs.
@@ -197,7 +200,11 @@ impl RtdbStore {
             path,
             detail: "GET with X-Firebase-ETag returned no ETag header".into(),
         })?;
-        let node = CachedNode { etag, value };
+        let node = CachedNode {
+            etag,
+            value,
+            lost_race_at: None,
+        };
         self.nodes
             .insert((limit.name.clone(), encoded.to_owned()), node.clone());
         Ok(node)
@@ -246,6 +253,7 @@ impl RtdbStore {
                             CachedNode {
                                 etag,
                                 value: Some(next),
+                                lost_race_at: node.lost_race_at,
                             },
                         ),
                         None => self.nodes.invalidate(&cache_key),
@@ -255,9 +263,14 @@ impl RtdbStore {
                 StatusCode::PRECONDITION_FAILED => {
                     let value = parse_node(&path, &reply.body)?;
                     node = match reply.etag {
-                        Some(etag) => CachedNode { etag, value },
+                        Some(etag) => CachedNode {
+                            etag,
+                            value,
+                            lost_race_at: None,
+                        },
                         None => self.read(limit, encoded).await?,
                     };
+                    node.lost_race_at = Some(std::time::Instant::now());
                     // Cached at once: if the retry finds nothing to write (a denial), the
                     // next check must not pay this 412 again.
                     self.nodes.insert(cache_key.clone(), node.clone());
@@ -460,6 +473,12 @@ impl CounterStore for RtdbStore {
     ) -> Result<bool, StoreError> {
         self.give_back(limit, &keys::encode(key), window, hits)
             .await
+    }
+    fn lost_race_since(&self, limit: &Limit, key: &str, since: std::time::Instant) -> bool {
+        self.nodes
+            .get(&(limit.name.clone(), keys::encode(key)))
+            .and_then(|n| n.lost_race_at)
+            .is_some_and(|at| at >= since)
     }
 }
 
