@@ -42,6 +42,8 @@ pub enum Source {
     FailurePolicy,
     /// The client library could not reach the service and decided alone.
     ClientFallback,
+    /// Admitted from this instance's quota lease: hits already counted in the store.
+    Lease,
 }
 
 impl Source {
@@ -53,6 +55,7 @@ impl Source {
             Source::LocalFallback => "local_fallback",
             Source::FailurePolicy => "failure_policy",
             Source::ClientFallback => "client_fallback",
+            Source::Lease => "lease",
         }
     }
 }
@@ -96,7 +99,7 @@ impl Decision {
             remaining: limit.requests.saturating_sub(outcome.count),
             reset_after,
             retry_after: (!outcome.allowed).then_some(reset_after),
-            shared: matches!(source, Source::Store | Source::DenyCache),
+            shared: matches!(source, Source::Store | Source::DenyCache | Source::Lease),
             source,
             limit_name: limit.name.clone(),
             window,

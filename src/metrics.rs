@@ -57,7 +57,7 @@ struct Handles {
 
 static HANDLES: LazyLock<RwLock<Handles>> = LazyLock::new(RwLock::default);
 
-const SOURCES: usize = 5;
+const SOURCES: usize = 6;
 
 fn decision_slot(allowed: bool, source: Source) -> usize {
     let source = match source {
@@ -66,6 +66,7 @@ fn decision_slot(allowed: bool, source: Source) -> usize {
         Source::LocalFallback => 2,
         Source::FailurePolicy => 3,
         Source::ClientFallback => 4,
+        Source::Lease => 5,
     };
     usize::from(allowed) * SOURCES + source
 }

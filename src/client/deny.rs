@@ -79,7 +79,7 @@ impl DenyUntil {
     pub(crate) fn record(&self, limit: &str, key: &str, decision: &Decision, now_ms: u64) {
         let by_the_service = matches!(
             decision.source,
-            Source::Store | Source::DenyCache | Source::LocalFallback
+            Source::Store | Source::DenyCache | Source::LocalFallback | Source::Lease
         );
         if decision.allowed || !by_the_service {
             return;

@@ -698,6 +698,7 @@ fn decision_from_pb(r: pb::CheckResponse) -> Decision {
         Ok(pb::Source::DenyCache) => Source::DenyCache,
         Ok(pb::Source::LocalFallback) => Source::LocalFallback,
         Ok(pb::Source::FailurePolicy) => Source::FailurePolicy,
+        Ok(pb::Source::Lease) => Source::Lease,
         // A newer service may add sources; `shared` still says what matters.
         Ok(pb::Source::Unspecified) | Err(_) if r.shared => Source::Store,
         Ok(pb::Source::Unspecified) | Err(_) => Source::LocalFallback,

@@ -90,6 +90,7 @@ impl From<Source> for pb::Source {
             Source::DenyCache => pb::Source::DenyCache,
             Source::LocalFallback | Source::ClientFallback => pb::Source::LocalFallback,
             Source::FailurePolicy => pb::Source::FailurePolicy,
+            Source::Lease => pb::Source::Lease,
         }
     }
 }
