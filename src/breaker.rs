@@ -240,14 +240,26 @@ impl Guarded {
         }
     }
 
+    /// Makes one store call through the breaker. `writes` names the counter a
+    /// conditional write goes to, so that a call that ran out of time while losing races
+    /// on it is told apart from a store that did not answer.
     async fn call<T>(
         &self,
+        writes: Option<(&Limit, &str)>,
         fut: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let Some(attempt) = self.breaker.attempt() else {
             return Err(StoreError::CircuitOpen);
         };
-        let result = crate::store::within(self.timeout, fut).await;
+        let started = Instant::now();
+        let mut result = crate::store::within(self.timeout, fut).await;
+        if let (Err(StoreError::Timeout(_)), Some((limit, key))) = (&result, writes)
+            && self.inner.lost_race_since(limit, key, started)
+        {
+            // The store kept answering (412) but other writers kept winning: contention,
+            // which says nothing bad about the store's health.
+            result = Err(StoreError::Contention { attempts: 0 });
+        }
         let healthy = match &result {
             Ok(_) => true,
             Err(StoreError::Malformed { .. } | StoreError::Contention { .. }) => true,
@@ -313,15 +325,19 @@ impl CounterStore for Guarded {
         window: i64,
         costs: &[u32],
     ) -> Result<Admission, StoreError> {
-        self.call(self.inner.admit(limit, key, window, costs)).await
+        self.call(
+            Some((limit, key)),
+            self.inner.admit(limit, key, window, costs),
+        )
+        .await
     }
 
     async fn peek(&self, limit: &Limit, key: &str, window: i64) -> Result<WindowCount, StoreError> {
-        self.call(self.inner.peek(limit, key, window)).await
+        self.call(None, self.inner.peek(limit, key, window)).await
     }
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
-        self.call(self.inner.reset(limit, key)).await
+        self.call(None, self.inner.reset(limit, key)).await
     }
 
     async fn release(
@@ -331,8 +347,11 @@ impl CounterStore for Guarded {
         window: i64,
         hits: u32,
     ) -> Result<bool, StoreError> {
-        self.call(self.inner.release(limit, key, window, hits))
-            .await
+        self.call(
+            Some((limit, key)),
+            self.inner.release(limit, key, window, hits),
+        )
+        .await
     }
 
     fn lost_race_since(&self, limit: &Limit, key: &str, since: Instant) -> bool {

@@ -14,9 +14,10 @@
 
 use crate::breaker::{self, Breaker, BreakerConfig, Guarded};
 use crate::clock::SharedClock;
-use crate::coalesce::Coalescer;
+use crate::coalesce::{Coalescer, Served};
 use crate::deny_cache::DenyCache;
 use crate::fallback::Fallback;
+use crate::lease::LeaseOptions;
 use crate::limits::{Limit, Limits, UnknownLimit};
 use crate::metrics;
 use crate::store::{self, CounterStore, Outcome, StoreError, WindowCount};
@@ -26,6 +27,8 @@ use std::time::Duration;
 
 /// Longest accepted key, in bytes of UTF-8.
 pub const MAX_KEY_BYTES: usize = 512;
+/// How long a check denied for contention is told to wait.
+const CONTENDED_RETRY: Duration = Duration::from_secs(1);
 /// Default store budget per decision (ADR-0006: 1.5 s).
 pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(1_500);
 
@@ -106,6 +109,23 @@ impl Decision {
         }
     }
 
+    /// A check denied because every write it had time for lost a race on the store (it
+    /// is busy, not failing): shared, nothing counted, retry after a second (or when the
+    /// window ends, if sooner). `remaining` is 0: no hit can be promised right now.
+    pub fn contended(limit: &Limit, now_ms: u64, window: i64) -> Self {
+        let outcome = Outcome {
+            allowed: false,
+            count: limit.requests,
+        };
+        let mut d = Self::from_outcome(limit, now_ms, window, outcome, Source::Store);
+        d.retry_after = Some(
+            CONTENDED_RETRY
+                .min(d.reset_after)
+                .max(Duration::from_secs(1)),
+        );
+        d
+    }
+
     /// A decision that only reports `state` (a peek): allowed iff one more hit would fit.
     pub fn from_state(limit: &Limit, now_ms: u64, state: WindowCount, source: Source) -> Self {
         let outcome = Outcome {
@@ -181,6 +201,8 @@ pub struct LimiterOptions {
     pub store_timeout: Duration,
     /// When to stop calling a failing remote store.
     pub breaker: BreakerConfig,
+    /// Quota leases for hot keys of a remote store.
+    pub lease: LeaseOptions,
 }
 
 impl Default for LimiterOptions {
@@ -188,6 +210,7 @@ impl Default for LimiterOptions {
         Self {
             store_timeout: DEFAULT_STORE_TIMEOUT,
             breaker: BreakerConfig::default(),
+            lease: LeaseOptions::default(),
         }
     }
 }
@@ -226,7 +249,7 @@ impl Limiter {
             let guarded: Arc<dyn CounterStore> =
                 Arc::new(Guarded::new(store, breaker.clone(), options.store_timeout));
             let remote = Remote {
-                coalescer: Coalescer::new(guarded.clone(), options.store_timeout),
+                coalescer: Coalescer::new(guarded.clone(), options.store_timeout, options.lease),
                 deny: DenyCache::default(),
                 breaker,
             };
@@ -321,19 +344,31 @@ impl Limiter {
             None => self.admit_direct(limit, key, window, cost, budget).await,
         };
         match result {
-            Ok((counted_in, outcome)) => {
+            Ok(served) => {
                 if let Some(remote) = &self.remote
-                    && outcome.count >= limit.requests
+                    && served.exhausted
                 {
-                    remote.deny.mark(limit, key, counted_in);
+                    remote.deny.mark(limit, key, served.window);
                 }
+                let source = if served.from_lease {
+                    Source::Lease
+                } else {
+                    Source::Store
+                };
                 Ok(Decision::from_outcome(
                     limit,
                     now,
-                    counted_in,
-                    outcome,
-                    Source::Store,
+                    served.window,
+                    served.outcome,
+                    source,
                 ))
+            }
+            // Contention is not an outage: the store answers, this check lost every race
+            // it had time for. Admitting it locally would over-admit across the fleet, so
+            // it is denied, shared, with a short retry.
+            Err(StoreError::Contention { .. }) => {
+                metrics::contention_denied(&limit.name);
+                Ok(Decision::contended(limit, now, window))
             }
             Err(e) => Ok(self.fallback.decide(limit, key, cost, &e)),
         }
@@ -347,7 +382,7 @@ impl Limiter {
         window: i64,
         cost: u32,
         budget: Duration,
-    ) -> Result<(i64, Outcome), StoreError> {
+    ) -> Result<Served, StoreError> {
         let admission =
             store::within(budget, self.store.admit(limit, key, window, &[cost])).await?;
         let outcome = admission
@@ -358,7 +393,12 @@ impl Limiter {
                 path: format!("{}/{key}", limit.name),
                 detail: "store returned no outcome".into(),
             })?;
-        Ok((admission.window, outcome))
+        Ok(Served {
+            window: admission.window,
+            outcome,
+            from_lease: false,
+            exhausted: false,
+        })
     }
 
     /// The key's current window without counting a hit.
@@ -392,6 +432,7 @@ impl Limiter {
         self.fallback.reset(limit, key);
         if let Some(remote) = &self.remote {
             remote.deny.clear(limit, key);
+            remote.coalescer.forget(limit, key);
         }
         let budget = self.budget(deadline);
         let shared = match store::within(budget, self.store.reset(limit, key)).await {

@@ -18,6 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use engine::{Env, EnvSpec, RunResult, RunSpec, StoreKind};
 use ratelimit::breaker::BreakerConfig;
 use ratelimit::config::parse_duration;
+use ratelimit::lease::LeaseOptions;
 use std::time::Duration;
 
 #[derive(Debug, Parser)]
@@ -84,6 +85,9 @@ struct RunArgs {
     /// In-process limiter: breaker cool-down.
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     breaker_cooldown: Duration,
+    /// In-process limiter: most hits one quota lease reserves (0: leases off).
+    #[arg(long, default_value_t = LeaseOptions::default().max_hits)]
+    lease_max_hits: u32,
     /// Concurrent client tasks (each has one check in flight at a time).
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
@@ -280,6 +284,10 @@ async fn run(a: RunArgs) -> Result<(), String> {
         breaker: BreakerConfig {
             failures: a.breaker_failures.max(1),
             cooldown: a.breaker_cooldown,
+        },
+        lease: LeaseOptions {
+            max_hits: a.lease_max_hits,
+            ..LeaseOptions::default()
         },
         server_nagle: a.server_nagle,
     })

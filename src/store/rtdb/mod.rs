@@ -227,7 +227,16 @@ impl RtdbStore {
             Some(n) => n,
             None => self.read(limit, encoded).await?,
         };
-        for _ in 0..self.max_attempts {
+        let deadline = super::deadline();
+        let mut last_attempt: Option<Duration> = None;
+        for attempt in 0..self.max_attempts {
+            // Contention is not an outage: stop retrying while the caller can still be
+            // told so, rather than be cut off mid-write (that write could still land).
+            if let (Some(deadline), Some(rtt)) = (deadline, last_attempt)
+                && std::time::Instant::now() + rtt > deadline
+            {
+                return Err(StoreError::Contention { attempts: attempt });
+            }
             let (next, result) = update(node.value);
             let Some(next) = next else {
                 // Nothing to write. A denial from a cached count stands: counts only grow
@@ -235,6 +244,7 @@ impl RtdbStore {
                 return Ok(result);
             };
             let body = format!("{{\"{}\":{}}}", next.window, next.count);
+            let sent = std::time::Instant::now();
             let reply = match self
                 .send(Method::PUT, &url, Some(&node.etag), Some(body))
                 .await
@@ -261,6 +271,7 @@ impl RtdbStore {
                     return Ok(result);
                 }
                 StatusCode::PRECONDITION_FAILED => {
+                    last_attempt = Some(sent.elapsed());
                     let value = parse_node(&path, &reply.body)?;
                     node = match reply.etag {
                         Some(etag) => CachedNode {
@@ -287,7 +298,7 @@ impl RtdbStore {
                 }
             }
         }
-        self.nodes.invalidate(&cache_key);
+        // The cache holds the last 412's value and tag: the next attempt starts from them.
         Err(StoreError::Contention {
             attempts: self.max_attempts,
         })
