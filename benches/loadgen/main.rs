@@ -12,6 +12,7 @@
 //! each (default `min(clients, 4 × instances)`), the calls multiplexed as streams.
 
 mod engine;
+mod leases;
 mod report;
 
 use clap::{Args, Parser, Subcommand};
@@ -55,6 +56,9 @@ enum Command {
     Outage(OutageArgs),
     /// Scenario (d): 3 instances on one emulator; throughput and the exact admitted count.
     Instances(InstancesArgs),
+    /// Scenario (e): quota leases on and off: a hot key on 16 instances at +60 ms, and
+    /// 1,000 keys on 3 instances; writes per admitted check, latency, exactness.
+    Leases(leases::LeaseArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -198,7 +202,7 @@ fn main() -> std::process::ExitCode {
     if args.len() <= 1 {
         println!("loadgen: no command given; nothing to measure.");
         println!(
-            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances> [flags]"
+            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|leases> [flags]"
         );
         println!("       cargo bench --bench loadgen -- help");
         return std::process::ExitCode::SUCCESS;
@@ -246,11 +250,12 @@ async fn execute(
         Command::StoreTrips(a) => store_trips(a).await,
         Command::Outage(a) => outage(a).await,
         Command::Instances(a) => instances(a).await,
+        Command::Leases(a) => leases::leases(a).await,
     }
 }
 
 /// Prints what every scenario prints: the tables, then any disturbance warning.
-fn print_runs(title: &str, runs: &[RunResult], with_store: bool) {
+pub(crate) fn print_runs(title: &str, runs: &[RunResult], with_store: bool) {
     println!("\n### {title}\n");
     print!("{}", report::throughput_table(runs));
     if with_store {

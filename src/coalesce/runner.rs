@@ -1,244 +1,15 @@
-//! Per-key single flight, batching and quota leases in front of a remote store.
-//!
-//! Without this, N concurrent checks of one hot key on one instance would race N
-//! conditional PUTs against each other: one wins, N−1 get `412` and retry, N² round trips
-//! in all. Instead each `(limit, key)` has at most one store call in flight per instance;
-//! checks that arrive meanwhile queue up and go together in the next call, admitted in
-//! arrival order in a single write. N concurrent checks cost about two round trips.
-//!
-//! A key that stays hot also gets a **quota lease** (`lease.rs`, DESIGN §9): the write
-//! carries a reserve of extra hits, and later checks are admitted from it here, with no
-//! store call, until it runs low and the next write refills it. A reserve nobody asks for
-//! is given back once the key has been quiet for the lease's `idle` time.
-//!
-//! **Contention is not an outage.** When a write loses races (`412`) for so long that a
-//! check's budget would run out, the check is answered [`StoreError::Contention`] (the
-//! limiter denies it, shared) rather than left to time out into the local fallback. The
-//! store is told each batch's deadline (`store::with_deadline`), so it stops retrying
-//! before the deadline instead of being cut off mid-write, which would leave a write that
-//! may still land for checks already answered.
-//!
-//! The store calls run in a spawned task per hot key, not in any caller's future: a
-//! caller whose gRPC deadline passes is dropped by tonic, and that must not strand the
-//! others that joined its batch. If that task ends abnormally (a panic), a guard removes
-//! its key, so the waiting checks fall back and the next check starts afresh.
+//! A key's runner: the task that makes the key's store calls (batch writes, lease
+//! refills, give-backs) and answers the checks waiting on them. See the parent module.
 
-use crate::lease::{Demand, Lease, LeaseOptions};
+use super::queue::{
+    ANSWER_MARGIN, KeyState, MAX_LINGER, QueueKey, Queues, Served, Waiter, answer_all, lock,
+};
+use crate::lease::{Lease, LeaseOptions};
 use crate::limits::Limit;
 use crate::store::{CounterStore, Outcome, StoreError};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{Notify, oneshot};
-
-/// A check's answer from the store or from this instance's lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Served {
-    /// The window counted in.
-    pub window: i64,
-    /// The check's outcome; `count` is the store's count as last seen.
-    pub outcome: Outcome,
-    /// Admitted from this instance's reserve, with no store call.
-    pub from_lease: bool,
-    /// No hit is left for the key in this window, here or in the store: later checks in
-    /// the window may be denied without asking (the deny-until cache).
-    pub exhausted: bool,
-}
-
-type Answer = Result<Served, StoreError>;
-
-struct Waiter {
-    window: i64,
-    cost: u32,
-    deadline: Instant,
-    reply: oneshot::Sender<Answer>,
-}
-
-/// What a key's runner and its checks share.
-struct KeyState {
-    /// Checks waiting for the next store write, in arrival order.
-    pending: Vec<Waiter>,
-    /// Hits this instance holds for the key.
-    lease: Option<Lease>,
-    demand: Demand,
-    last_arrival: Instant,
-    /// Wakes the runner when it waits for work.
-    wake: Arc<Notify>,
-}
-
-impl KeyState {
-    fn new(now: Instant) -> Self {
-        Self {
-            pending: Vec::new(),
-            lease: None,
-            demand: Demand::new(),
-            last_arrival: now,
-            wake: Arc::new(Notify::new()),
-        }
-    }
-}
-
-type QueueKey = (Arc<str>, Arc<str>);
-type Queues = Arc<Mutex<HashMap<QueueKey, KeyState>>>;
-
-/// Longest pause between two batches of one key (see the fairness note in `run`).
-const MAX_LINGER: Duration = Duration::from_millis(25);
-/// How long a contended check whose budget ran out still listens for the write it is in
-/// (within the limiter's margin before a caller's own deadline).
-const CONTENTION_GRACE: Duration = Duration::from_millis(40);
-/// A batch's deadline as given to the store: the earliest of its checks', less this, so
-/// the answer still reaches them in time.
-const ANSWER_MARGIN: Duration = Duration::from_millis(5);
-
-/// Batches concurrent checks per `(limit, key)` and serves hot keys from leases.
-pub struct Coalescer {
-    store: Arc<dyn CounterStore>,
-    /// Keys with a runner task; a key is present exactly while its runner runs.
-    queues: Queues,
-    /// Bound on each store call made by a runner.
-    call_timeout: Duration,
-    lease: LeaseOptions,
-}
-
-impl Coalescer {
-    /// Batches calls to `store`, each bounded by `call_timeout`, leasing per `lease`.
-    pub fn new(store: Arc<dyn CounterStore>, call_timeout: Duration, lease: LeaseOptions) -> Self {
-        Self {
-            store,
-            queues: Arc::default(),
-            call_timeout,
-            lease,
-        }
-    }
-
-    /// Admits `cost` for `key` under `limit` in `window`, from this instance's lease if it
-    /// holds one, otherwise sharing a store write with any concurrent checks of the key.
-    pub async fn admit(
-        &self,
-        limit: &Arc<Limit>,
-        key: &str,
-        window: i64,
-        cost: u32,
-        budget: Duration,
-    ) -> Answer {
-        let now = Instant::now();
-        let (tx, rx) = oneshot::channel();
-        let waiter = Waiter {
-            window,
-            cost,
-            deadline: now + budget,
-            reply: tx,
-        };
-        let qkey: QueueKey = (limit.name.clone(), Arc::from(key));
-        let start_runner = {
-            let mut queues = lock(&self.queues);
-            match queues.get_mut(&qkey) {
-                Some(state) => {
-                    state.demand.ask(cost);
-                    state.last_arrival = now;
-                    if let Some(served) = take_from_lease(state, limit, window, cost) {
-                        return Ok(served);
-                    }
-                    state.pending.push(waiter);
-                    state.wake.notify_one();
-                    false
-                }
-                None => {
-                    let mut state = KeyState::new(now);
-                    state.demand.ask(cost);
-                    state.pending.push(waiter);
-                    queues.insert(qkey.clone(), state);
-                    true
-                }
-            }
-        };
-        if start_runner {
-            let runner = Runner {
-                store: self.store.clone(),
-                queues: self.queues.clone(),
-                limit: limit.clone(),
-                qkey: qkey.clone(),
-                call_timeout: self.call_timeout,
-                lease: self.lease,
-            };
-            tokio::spawn(runner.run());
-        }
-        let mut rx = rx;
-        if let Ok(answer) = tokio::time::timeout(budget, &mut rx).await {
-            return answer.unwrap_or_else(|_| Err(runner_stopped()));
-        }
-        let contended = self.store.lost_race_since(limit, key, now);
-        if contended {
-            // The store answered this key while the check waited, but every write lost a
-            // race: contention, not an outage. The runner stops retrying before this
-            // check's deadline, but its last attempt may run a little over: hear it out.
-            if let Ok(answer) = tokio::time::timeout(CONTENTION_GRACE, &mut rx).await {
-                return answer.unwrap_or_else(|_| Err(runner_stopped()));
-            }
-        }
-        // Stop listening, then take an answer sent just before: from here on the runner
-        // knows this check was not told, and keeps any hit its write counted for it.
-        rx.close();
-        if let Ok(answer) = rx.try_recv() {
-            return answer;
-        }
-        if contended {
-            Err(StoreError::Contention { attempts: 0 })
-        } else {
-            Err(StoreError::Timeout(budget))
-        }
-    }
-
-    /// Drops this instance's lease for `key` (after a reset: its hits were in the counter
-    /// that was cleared).
-    pub fn forget(&self, limit: &Limit, key: &str) {
-        let qkey: QueueKey = (limit.name.clone(), Arc::from(key));
-        if let Some(state) = lock(&self.queues).get_mut(&qkey) {
-            state.lease = None;
-        }
-    }
-}
-
-/// Admits `cost` from the key's lease, if it holds enough for `window` and no earlier
-/// check is still waiting (arrival order is kept).
-fn take_from_lease(state: &mut KeyState, limit: &Limit, window: i64, cost: u32) -> Option<Served> {
-    if !state.pending.is_empty() {
-        return None;
-    }
-    let lease = state.lease.as_mut()?;
-    if lease.window < window {
-        // Its hits were counted in a window that has ended: they are gone with it.
-        state.lease = None;
-        return None;
-    }
-    if lease.window != window || lease.left < cost {
-        return None;
-    }
-    lease.left -= cost;
-    let served = Served {
-        window,
-        outcome: Outcome {
-            allowed: true,
-            count: lease.count_seen,
-        },
-        from_lease: true,
-        exhausted: lease.left == 0 && lease.count_seen >= limit.requests,
-    };
-    if state.demand.needs_refill(lease.left) {
-        state.wake.notify_one();
-    }
-    Some(served)
-}
-
-fn runner_stopped() -> StoreError {
-    StoreError::Connect("batch runner stopped".into())
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding this lock cannot leave the map inconsistent (every critical
-    // section leaves each entry whole), so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use tokio::sync::Notify;
 
 /// The next thing a key's runner does.
 enum Job {
@@ -255,13 +26,13 @@ enum Job {
 }
 
 /// The task that makes a key's store calls.
-struct Runner {
-    store: Arc<dyn CounterStore>,
-    queues: Queues,
-    limit: Arc<Limit>,
-    qkey: QueueKey,
-    call_timeout: Duration,
-    lease: LeaseOptions,
+pub(crate) struct Runner {
+    pub(crate) store: Arc<dyn CounterStore>,
+    pub(crate) queues: Queues,
+    pub(crate) limit: Arc<Limit>,
+    pub(crate) qkey: QueueKey,
+    pub(crate) call_timeout: Duration,
+    pub(crate) lease: LeaseOptions,
 }
 
 /// Removes the runner's key when the runner ends, however it ends: the checks still
@@ -279,7 +50,7 @@ impl Drop for Cleanup {
 
 impl Runner {
     /// Works the key's queue and lease until the key is quiet, then removes it.
-    async fn run(self) {
+    pub(crate) async fn run(self) {
         let _cleanup = Cleanup {
             queues: self.queues.clone(),
             qkey: self.qkey.clone(),
@@ -544,11 +315,5 @@ impl Runner {
                 "unspent lease not given back; it lapses with its window"
             ),
         }
-    }
-}
-
-fn answer_all(batch: Vec<Waiter>, e: &StoreError) {
-    for w in batch {
-        let _ = w.reply.send(Err(e.clone()));
     }
 }
