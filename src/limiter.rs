@@ -361,6 +361,21 @@ impl Limiter {
         Ok((admission.window, outcome))
     }
 
+    /// A Peek's or Reset's store call within the caller's `budget`, with the discipline
+    /// of a Check: a caller with no time left costs the store nothing, and one that stops
+    /// waiting leaves the call to finish and report to the breaker (`breaker::Guarded`),
+    /// so a short deadline never counts as a store failure.
+    async fn bounded<T>(
+        &self,
+        budget: Duration,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if budget.is_zero() {
+            return Err(StoreError::Timeout(budget));
+        }
+        store::within(budget, call).await
+    }
+
     /// The key's current window without counting a hit.
     pub async fn peek(
         &self,
@@ -373,7 +388,10 @@ impl Limiter {
         let now = self.clock.now_ms();
         let window = window::number(now, limit.window_ms);
         let budget = self.budget(deadline);
-        match store::within(budget, self.store.peek(limit, key, window)).await {
+        match self
+            .bounded(budget, self.store.peek(limit, key, window))
+            .await
+        {
             Ok(state) => Ok(Decision::from_state(limit, now, state, Source::Store)),
             Err(e) => Ok(self.fallback.peek(limit, key, &e)),
         }
@@ -394,7 +412,7 @@ impl Limiter {
             remote.deny.clear(limit, key);
         }
         let budget = self.budget(deadline);
-        let shared = match store::within(budget, self.store.reset(limit, key)).await {
+        let shared = match self.bounded(budget, self.store.reset(limit, key)).await {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(limit = %limit.name, error = %e, "reset reached only this instance: store failed");

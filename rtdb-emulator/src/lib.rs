@@ -61,7 +61,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use db::DEFAULT_NAMESPACE;
-pub use faults::{FaultConfig, FaultError, Faults};
+pub use faults::{FaultConfig, FaultError, Faults, PathError};
 pub use request::OWNER_TOKEN;
 pub use rest::IF_MATCH_NOT_SUPPORTED;
 pub use rules::{RulesError, parse_rules_text};
