@@ -134,6 +134,13 @@ pub struct ServeArgs {
     #[arg(long, env = "RATELIMIT_BREAKER_COOLDOWN", default_value = "2s", value_parser = parse_duration)]
     pub breaker_cooldown: Duration,
 
+    /// How long a key known exhausted (and the store's cached count that denies it) is
+    /// believed without asking the store again; a Reset through another instance frees
+    /// the key here within about this long. Costs at most one store request per
+    /// exhausted key per instance per period.
+    #[arg(long, env = "RATELIMIT_DENY_TRUST", default_value = "1s", value_parser = parse_duration)]
+    pub deny_trust: Duration,
+
     /// Calls served at once; past it calls fail fast with RESOURCE_EXHAUSTED (load shedding).
     #[arg(long, env = "RATELIMIT_MAX_IN_FLIGHT", default_value_t = 2_048, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_in_flight: u32,
@@ -268,9 +275,10 @@ pub async fn build_store(
         // The limiter's budget bounds each decision; this only stops a stuck request
         // from holding a connection for ever.
         request_timeout: args.store_timeout.max(Duration::from_secs(1)) * 2,
+        deny_trust: args.deny_trust,
         ..RtdbOptions::default()
     };
-    let store = RtdbStore::new(target, tokens, options)?;
+    let store = RtdbStore::new(target, tokens, options)?.with_clock(clock);
     tracing::info!(endpoint = %store.describe(), root = %args.rtdb_root, "using the RTDB store");
     Ok(Arc::new(store))
 }
@@ -289,6 +297,7 @@ pub async fn build_limiter(args: &ServeArgs, clock: SharedClock) -> Result<Limit
                 failures: args.breaker_failures,
                 cooldown: args.breaker_cooldown,
             },
+            deny_trust: args.deny_trust,
         },
     ))
 }
@@ -318,5 +327,6 @@ mod tests {
             Some("0.0.0.0:6000")
         );
         assert_eq!(args.store_timeout, Duration::from_millis(1_500));
+        assert_eq!(args.deny_trust, Duration::from_secs(1));
     }
 }

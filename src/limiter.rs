@@ -181,6 +181,9 @@ pub struct LimiterOptions {
     pub store_timeout: Duration,
     /// When to stop calling a failing remote store.
     pub breaker: BreakerConfig,
+    /// How long a key known exhausted is denied without asking the store again
+    /// (`deny_cache.rs`): the bound on how late a Reset elsewhere is seen here.
+    pub deny_trust: Duration,
 }
 
 impl Default for LimiterOptions {
@@ -188,6 +191,7 @@ impl Default for LimiterOptions {
         Self {
             store_timeout: DEFAULT_STORE_TIMEOUT,
             breaker: BreakerConfig::default(),
+            deny_trust: crate::deny_cache::DEFAULT_TRUST,
         }
     }
 }
@@ -227,7 +231,7 @@ impl Limiter {
                 Arc::new(Guarded::new(store, breaker.clone(), options.store_timeout));
             let remote = Remote {
                 coalescer: Coalescer::new(guarded.clone(), options.store_timeout),
-                deny: DenyCache::default(),
+                deny: DenyCache::new(clock.clone(), options.deny_trust),
                 breaker,
             };
             (guarded, Some(remote))
