@@ -419,7 +419,8 @@ impl Limiter {
         let shared = match self.bounded(budget, self.store.reset(limit, key)).await {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(limit = %limit.name, error = %e, "reset reached only this instance: store failed");
+                let key = crate::logging::key_tag(key);
+                tracing::warn!(limit = %limit.name, %key, error = %e, "reset reached only this instance: store failed");
                 false
             }
         };

@@ -186,8 +186,8 @@ mod tests {
         let d = c.check("t", "k", 1, 1_999).expect("trusted");
         assert_eq!(
             d.retry_after,
-            Some(Duration::from_secs(49)),
-            "the service's wait"
+            Some(Duration::from_secs(50)),
+            "the service's own wait (49.001 s, rounded up)"
         );
         assert!(
             c.check("t", "k", 1, 2_000).is_none(),
