@@ -344,7 +344,7 @@ async fn callers_with_short_deadlines_cannot_open_the_breaker() {
     assert_eq!(r.source(), Source::Store);
     assert_eq!(h.limiter.breaker_state(), Some(State::Closed));
     let s = emu.stats();
-    eprintln!("measured: 240 short-deadline calls + 1 -> {s:?}");
+    eprintln!("measured: 440 short-deadline calls + 1 -> {s:?}");
     assert_eq!(s.status(503) + s.dropped, 0, "{s:?}");
 }
 
