@@ -149,6 +149,12 @@ pub struct ServeArgs {
     /// An unspent lease is given back to the store after the key has been quiet this long.
     #[arg(long, env = "RATELIMIT_LEASE_IDLE", default_value = "250ms", value_parser = parse_duration)]
     pub lease_idle: Duration,
+    /// How long a key known exhausted (and the store's cached count that denies it) is
+    /// believed without asking the store again; a Reset through another instance frees
+    /// the key here within about this long. Costs at most one store request per
+    /// exhausted key per instance per period.
+    #[arg(long, env = "RATELIMIT_DENY_TRUST", default_value = "1s", value_parser = parse_duration)]
+    pub deny_trust: Duration,
 
     /// Calls served at once; past it calls fail fast with RESOURCE_EXHAUSTED (load shedding).
     #[arg(long, env = "RATELIMIT_MAX_IN_FLIGHT", default_value_t = 2_048, value_parser = clap::value_parser!(u32).range(1..))]
@@ -284,9 +290,10 @@ pub async fn build_store(
         // The limiter's budget bounds each decision; this only stops a stuck request
         // from holding a connection for ever.
         request_timeout: args.store_timeout.max(Duration::from_secs(1)) * 2,
+        deny_trust: args.deny_trust,
         ..RtdbOptions::default()
     };
-    let store = RtdbStore::new(target, tokens, options)?;
+    let store = RtdbStore::new(target, tokens, options)?.with_clock(clock);
     tracing::info!(endpoint = %store.describe(), root = %args.rtdb_root, "using the RTDB store");
     Ok(Arc::new(store))
 }
@@ -310,6 +317,7 @@ pub async fn build_limiter(args: &ServeArgs, clock: SharedClock) -> Result<Limit
                 share: args.lease_share,
                 idle: args.lease_idle,
             },
+            deny_trust: args.deny_trust,
         },
     ))
 }
@@ -339,5 +347,6 @@ mod tests {
             Some("0.0.0.0:6000")
         );
         assert_eq!(args.store_timeout, Duration::from_millis(1_500));
+        assert_eq!(args.deny_trust, Duration::from_secs(1));
     }
 }

@@ -203,6 +203,9 @@ pub struct LimiterOptions {
     pub breaker: BreakerConfig,
     /// Quota leases for hot keys of a remote store.
     pub lease: LeaseOptions,
+    /// How long a key known exhausted is denied without asking the store again
+    /// (`deny_cache.rs`): the bound on how late a Reset elsewhere is seen here.
+    pub deny_trust: Duration,
 }
 
 impl Default for LimiterOptions {
@@ -211,6 +214,7 @@ impl Default for LimiterOptions {
             store_timeout: DEFAULT_STORE_TIMEOUT,
             breaker: BreakerConfig::default(),
             lease: LeaseOptions::default(),
+            deny_trust: crate::deny_cache::DEFAULT_TRUST,
         }
     }
 }
@@ -250,7 +254,7 @@ impl Limiter {
                 Arc::new(Guarded::new(store, breaker.clone(), options.store_timeout));
             let remote = Remote {
                 coalescer: Coalescer::new(guarded.clone(), options.store_timeout, options.lease),
-                deny: DenyCache::default(),
+                deny: DenyCache::new(clock.clone(), options.deny_trust),
                 breaker,
             };
             (guarded, Some(remote))
@@ -401,6 +405,21 @@ impl Limiter {
         })
     }
 
+    /// A Peek's or Reset's store call within the caller's `budget`, with the discipline
+    /// of a Check: a caller with no time left costs the store nothing, and one that stops
+    /// waiting leaves the call to finish and report to the breaker (`breaker::Guarded`),
+    /// so a short deadline never counts as a store failure.
+    async fn bounded<T>(
+        &self,
+        budget: Duration,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if budget.is_zero() {
+            return Err(StoreError::Timeout(budget));
+        }
+        store::within(budget, call).await
+    }
+
     /// The key's current window without counting a hit.
     pub async fn peek(
         &self,
@@ -413,7 +432,10 @@ impl Limiter {
         let now = self.clock.now_ms();
         let window = window::number(now, limit.window_ms);
         let budget = self.budget(deadline);
-        match store::within(budget, self.store.peek(limit, key, window)).await {
+        match self
+            .bounded(budget, self.store.peek(limit, key, window))
+            .await
+        {
             Ok(state) => Ok(Decision::from_state(limit, now, state, Source::Store)),
             Err(e) => Ok(self.fallback.peek(limit, key, &e)),
         }
@@ -435,10 +457,11 @@ impl Limiter {
             remote.coalescer.forget(limit, key);
         }
         let budget = self.budget(deadline);
-        let shared = match store::within(budget, self.store.reset(limit, key)).await {
+        let shared = match self.bounded(budget, self.store.reset(limit, key)).await {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(limit = %limit.name, error = %e, "reset reached only this instance: store failed");
+                let key = crate::logging::key_tag(key);
+                tracing::warn!(limit = %limit.name, %key, error = %e, "reset reached only this instance: store failed");
                 false
             }
         };

@@ -202,6 +202,7 @@ impl Env {
                     store_timeout: spec.store_timeout,
                     breaker: spec.breaker,
                     lease: spec.lease,
+                    ..LimiterOptions::default()
                 },
             ));
             let addr = "127.0.0.1:0".parse().map_err(|e| format!("addr: {e}"))?;

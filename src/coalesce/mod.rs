@@ -86,10 +86,15 @@ impl Coalescer {
                     if let Some(served) = take_from_lease(state, limit, window, cost) {
                         return Ok(served);
                     }
+                    if budget.is_zero() {
+                        return Err(StoreError::Timeout(budget));
+                    }
                     state.pending.push(waiter);
                     state.wake.notify_one();
                     false
                 }
+                // A caller with no time left costs the store nothing.
+                None if budget.is_zero() => return Err(StoreError::Timeout(budget)),
                 None => {
                     let mut state = KeyState::new(now);
                     state.demand.ask(cost);
