@@ -277,7 +277,10 @@ export class RateLimiter {
       return { ok: false, caller: code === grpc.status.NOT_FOUND ? new NotFoundError(details) : new InvalidArgumentError(details, true) };
     }
     const kind = failureKind(code);
-    if (kind === "late") this.channel.renew(generation);
+    // A fresh channel dials at once: grpc-js would otherwise wait out its reconnect
+    // backoff (up to minutes) and fail the next probe without trying, holding the
+    // breaker open after the service is back.
+    if (kind === "late" || kind === "unavailable") this.channel.renew(generation);
     attempt.finish(false, kind);
     return { ok: false, reason: kind, detail: `${grpc.status[code] ?? code}: ${details}` };
   }
