@@ -128,6 +128,9 @@ export async function blackHole({ mode = "late" } = {}) {
   };
 }
 
+/** gRPC's percent-encoding of grpc-message: only '%' and bytes outside printable ASCII. */
+const grpcMessage = (m) => [...Buffer.from(m)].map((b) => (b < 0x20 || b > 0x7e || b === 0x25 ? `%${b.toString(16).toUpperCase().padStart(2, "0")}` : String.fromCharCode(b))).join("");
+
 const HOP = new Set(["connection", "keep-alive", "host", "http2-settings", "proxy-connection", "transfer-encoding", "upgrade"]);
 
 /**
@@ -157,7 +160,7 @@ export async function frontDoor({ upstream, gate } = {}) {
     for (const [k, v] of Object.entries(headers)) if (!k.startsWith(":") && !HOP.has(k)) out[k] = v;
     if (answer !== undefined || upstream === undefined) {
       const { code = 14, message = "no upstream" } = answer ?? {};
-      stream.respond({ ":status": 200, "content-type": "application/grpc", "grpc-status": String(code), "grpc-message": encodeURIComponent(message) }, { endStream: true });
+      stream.respond({ ":status": 200, "content-type": "application/grpc", "grpc-status": String(code), "grpc-message": grpcMessage(message) }, { endStream: true });
       return;
     }
     const req = upstreamSession().request({ ":method": "POST", ":path": headers[":path"], ...out });
