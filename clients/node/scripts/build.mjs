@@ -23,4 +23,4 @@ rmSync(join(root, "dist"), { recursive: true, force: true });
 const tsc = createRequire(import.meta.url).resolve("typescript/bin/tsc");
 execFileSync(process.execPath, [tsc, "-p", join(root, "tsconfig.json")], { stdio: "inherit" });
 for (const f of ["index.mjs", "index.d.mts"]) copyFileSync(join(root, "src", f), join(root, "dist", f));
-console.log("built dist/ (CommonJS + ESM + .d.ts) and proto/");
+process.stderr.write("built dist/ (CommonJS + ESM + .d.ts) and proto/\n");
