@@ -216,6 +216,7 @@ export class RateLimiter {
         );
       }
     }
+    if (reason === "closed") return limit; // the caller closed it: nothing to report
     if (this.outage === undefined) {
       this.outage = { reason, decisions: 0 };
       this.logger.warn("rate-limit service unavailable; deciding locally (shared=false)", { address: this.address, limit: limit.name, reason, error: detail });

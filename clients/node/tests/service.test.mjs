@@ -165,3 +165,16 @@ test("limits are learned in the background after the service first answers", asy
   assert.equal((door.calls.ListLimits ?? 0) - before, 1, "not again while fresh");
   limiter.close();
 });
+
+test("after close() checks decide locally with no RPC", async () => {
+  const logger = memoryLogger();
+  const limiter = createRateLimiter({ address: door.address, learnLimits: false, logger });
+  const key = unique("closed");
+  assert.equal((await limiter.check(key)).shared, true);
+  limiter.close();
+  const before = checks();
+  const d = await limiter.check(key);
+  assert.deepEqual([d.allowed, d.shared, d.source, d.remaining], [true, false, "client_fallback", 119]);
+  assert.equal(checks(), before);
+  assert.deepEqual(logger.lines, [], "closing is not an outage");
+});
