@@ -7,7 +7,7 @@
  * `google-auth-library` does the fetching (`Compute.fetchIdToken`, which honours
  * `GCE_METADATA_HOST`) and the caching (`IdTokenClient` reuses a token until five minutes
  * before its `exp`). Concurrent first calls share one fetch. Fetching is bounded by the
- * call's deadline by the caller of {@link IdTokens.header}; a failure makes that call
+ * call's deadline by the caller of {@link IdTokens.value}; a failure makes that call
  * decide locally, like any other unavailability.
  */
 import { Compute, IdTokenClient } from "google-auth-library";

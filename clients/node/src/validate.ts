@@ -73,7 +73,8 @@ export function validateLimits(origin: string, specs: readonly LimitSpec[]): Lim
   }
   const seen = new Set<string>();
   const limits = specs.map((s): Limit => {
-    const name = String(s?.name);
+    if (s === null || typeof s !== "object") throw new ConfigError(`${origin}: each limit must be an object, got ${String(s)}`);
+    const name = String(s.name);
     const bad = (problem: string): ConfigError =>
       new ConfigError(`${origin}: limit ${JSON.stringify(name)}: ${problem}`);
     if (!NAME.test(name) || name.length > MAX_NAME_LEN) {

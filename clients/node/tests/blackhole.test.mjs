@@ -64,3 +64,15 @@ test("concurrent checks against a black hole all return within the deadline + 10
   assert.ok(all.every((d) => !d.shared && d.source === "client_fallback" && d.allowed));
   assert.deepEqual([...new Set(all.map((d) => d.remaining))].sort((a, b) => a - b), Array.from({ length: 10 }, (_, i) => 110 + i));
 });
+
+test("the default deadline is 1500 ms: a silent service costs a check at most 1.6 s", async (t) => {
+  const hole = await blackHole({ mode: "silent" });
+  const limiter = createRateLimiter({ address: hole.address, logger: memoryLogger() });
+  t.after(async () => {
+    limiter.close();
+    await hole.close();
+  });
+  const { value: d, ms } = await timed(() => limiter.check("jack"));
+  assert.ok(ms >= 1450 && ms <= 1600, `took ${ms} ms`);
+  assert.deepEqual([d.allowed, d.shared, d.source], [true, false, "client_fallback"]);
+});

@@ -142,3 +142,13 @@ test("a limit nobody told the client about is decided with the default limit's n
   assert.match(standIn[0].message, /mcp: 3 per 60 s, local/);
   limiter.close();
 });
+
+test("maxKeys bounds the local window: the least recently used key is evicted", async () => {
+  const dead = `127.0.0.1:${await freePort()}`;
+  const limiter = createRateLimiter({ address: dead, maxKeys: 10, logger: memoryLogger(), fallbackLimits: [{ name: "mcp", requests: 1, windowSeconds: 3600 }] });
+  assert.equal((await limiter.check("first")).allowed, true);
+  assert.equal((await limiter.check("first")).allowed, false, "exhausted while remembered");
+  for (let i = 0; i < 10; i++) await limiter.check(`flood-${i}`);
+  assert.equal((await limiter.check("first")).allowed, true, "evicted by the flood: its count restarted");
+  limiter.close();
+});
