@@ -9,11 +9,13 @@
 //!
 //! The rule, and why:
 //! - **Demand, not guesswork.** The reserve covers what this instance expects to be asked
-//!   during the next write: the key's arrival rate here × the key's write latency here
-//!   (which includes time lost to races), twice over so the next refill lands before the
-//!   reserve runs dry. A key is *hot* only when that expectation is well above one check
-//!   for two store writes in a row: one sequential caller (or a one-off burst) never
-//!   leases, so cold keys keep the exact one-write-per-check path.
+//!   during the next few writes: the key's arrival rate here × the key's write latency
+//!   here (which includes time lost to races) × [`SPAN`], and is refilled once it is down
+//!   to [`REFILL_AT`] writes' worth, so the refill lands before the reserve runs dry and
+//!   each instance writes a hot key only every few latencies (the node commits one write
+//!   per round trip for the whole fleet). A key is *hot* only when that expectation is
+//!   well above one check for two store writes in a row: one sequential caller (or a
+//!   one-off burst) never leases, so cold keys keep the exact one-write-per-check path.
 //! - **Never more than a share of what is left.** A lease takes at most `1/share` of what
 //!   the store last said was left, and none at all when that share is under 2 hits, so the
 //!   last hits of a window are always decided one by one (the exact path), and many
@@ -41,7 +43,7 @@ pub struct LeaseOptions {
 impl Default for LeaseOptions {
     fn default() -> Self {
         Self {
-            max_hits: 1_000,
+            max_hits: 100_000,
             share: 8,
             idle: Duration::from_millis(250),
         }
@@ -90,6 +92,12 @@ pub struct Demand {
     hot_streak: u8,
 }
 
+/// A reserve covers this many writes' worth of local demand...
+const SPAN: f64 = 8.0;
+/// ...and is refilled once it is down to this many, so a refill lands before it runs dry
+/// and each instance writes a hot key only every few write latencies: the node takes one
+/// write per round trip from the whole fleet, so each instance's share of it must be small.
+const REFILL_AT: f64 = 2.0;
 /// Expected checks per write above which a key is hot. One sequential caller asks a
 /// little under once per write, so it stays cold.
 const HOT: f64 = 1.5;
@@ -171,7 +179,7 @@ impl Demand {
         if !options.enabled() || !self.is_hot() {
             return 0;
         }
-        let want = (2.0 * self.expected_per_write())
+        let want = (SPAN * self.expected_per_write())
             .ceil()
             .min(f64::from(u32::MAX)) as u32;
         let share = left_in_store / options.share.max(1);
@@ -184,7 +192,7 @@ impl Demand {
 
     /// Whether a held reserve of `left` will likely run dry before a write could refill it.
     pub fn needs_refill(&self, left: u32) -> bool {
-        self.is_hot() && f64::from(left) <= self.expected_per_write()
+        self.is_hot() && f64::from(left) <= REFILL_AT * self.expected_per_write()
     }
 }
 
@@ -226,10 +234,14 @@ mod tests {
         assert!(hot.is_hot());
         assert_eq!(
             hot.reserve(&opts, 0, 10_000),
-            16,
-            "twice the demand of one write"
+            64,
+            "eight writes' worth of demand"
         );
-        assert_eq!(hot.reserve(&opts, 10, 10_000), 6, "less what is still held");
+        assert_eq!(
+            hot.reserve(&opts, 10, 10_000),
+            54,
+            "less what is still held"
+        );
     }
 
     #[test]
@@ -265,8 +277,8 @@ mod tests {
     #[test]
     fn refill_is_due_when_the_reserve_would_not_outlast_a_write() {
         let hot = demand(8, 60, 3);
-        assert!(hot.needs_refill(8));
-        assert!(!hot.needs_refill(9));
+        assert!(hot.needs_refill(16));
+        assert!(!hot.needs_refill(17));
         let cold = demand(1, 60, 3);
         assert!(!cold.needs_refill(0));
     }

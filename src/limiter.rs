@@ -394,7 +394,7 @@ impl Limiter {
             .first()
             .copied()
             .ok_or_else(|| StoreError::Malformed {
-                path: format!("{}/{key}", limit.name),
+                path: format!("{}/{}", limit.name, crate::logging::key_tag(key)),
                 detail: "store returned no outcome".into(),
             })?;
         Ok(Served {

@@ -30,7 +30,7 @@ pub use queue::Served;
 
 use crate::lease::LeaseOptions;
 use crate::limits::Limit;
-use crate::store::{CounterStore, Outcome, StoreError};
+use crate::store::{CounterStore, StoreError};
 use queue::{Answer, CONTENTION_GRACE, KeyState, QueueKey, Queues, Waiter, lock, runner_stopped};
 use runner::Runner;
 use std::sync::Arc;
@@ -157,29 +157,7 @@ fn take_from_lease(state: &mut KeyState, limit: &Limit, window: i64, cost: u32) 
     if !state.pending.is_empty() {
         return None;
     }
-    let lease = state.lease.as_mut()?;
-    if lease.window < window {
-        // Its hits were counted in a window that has ended: they are gone with it.
-        state.lease = None;
-        return None;
-    }
-    if lease.window != window || lease.left < cost {
-        return None;
-    }
-    lease.left -= cost;
-    let served = Served {
-        window,
-        outcome: Outcome {
-            allowed: true,
-            count: lease.count_seen,
-        },
-        from_lease: true,
-        exhausted: lease.left == 0 && lease.count_seen >= limit.requests,
-    };
-    if state.demand.needs_refill(lease.left) {
-        state.wake.notify_one();
-    }
-    Some(served)
+    state.spend_lease(limit, window, cost)
 }
 
 #[cfg(test)]

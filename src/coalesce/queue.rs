@@ -2,6 +2,7 @@
 //! demand measure, and the answer a check gets. See the parent module for the story.
 
 use crate::lease::{Demand, Lease};
+use crate::limits::Limit;
 use crate::store::{Outcome, StoreError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -66,6 +67,58 @@ pub(crate) const CONTENTION_GRACE: Duration = Duration::from_millis(40);
 /// A batch's deadline as given to the store: the earliest of its checks', less this, so
 /// the answer still reaches them in time.
 pub(crate) const ANSWER_MARGIN: Duration = Duration::from_millis(5);
+
+impl KeyState {
+    /// Admits `cost` from the lease if it holds enough for `window`. Wakes the runner
+    /// when what is left calls for a refill.
+    pub(crate) fn spend_lease(&mut self, limit: &Limit, window: i64, cost: u32) -> Option<Served> {
+        let lease = self.lease.as_mut()?;
+        if lease.window < window {
+            // Its hits were counted in a window that has ended: they are gone with it.
+            self.lease = None;
+            return None;
+        }
+        if lease.window != window || lease.left < cost {
+            return None;
+        }
+        lease.left -= cost;
+        let served = Served {
+            window,
+            outcome: Outcome {
+                allowed: true,
+                count: lease.count_seen,
+            },
+            from_lease: true,
+            exhausted: lease.left == 0 && lease.count_seen >= limit.requests,
+        };
+        if self.demand.needs_refill(lease.left) {
+            self.wake.notify_one();
+        }
+        Some(served)
+    }
+
+    /// Answers, from the lease, the waiting checks at the head of the queue that it
+    /// covers: they queued while it was empty, and a write has refilled it since.
+    pub(crate) fn serve_queued_from_lease(&mut self, limit: &Limit) {
+        let mut answers = Vec::new();
+        while let Some(w) = self.pending.get(answers.len()) {
+            let (window, cost) = (w.window, w.cost);
+            match self.spend_lease(limit, window, cost) {
+                Some(answer) => answers.push(answer),
+                None => break,
+            }
+        }
+        let served = answers.len();
+        for (w, answer) in self.pending.drain(..served).zip(answers) {
+            if w.reply.send(Ok(answer)).is_err() {
+                // Its caller gave up: the hits stay in the lease.
+                if let Some(l) = self.lease.as_mut() {
+                    l.left += w.cost;
+                }
+            }
+        }
+    }
+}
 
 pub(crate) fn runner_stopped() -> StoreError {
     StoreError::Connect("batch runner stopped".into())

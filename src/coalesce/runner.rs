@@ -11,6 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
+/// How much later than the store's own timeout a runner gives up on a call.
+const BACKSTOP_SLACK: Duration = Duration::from_millis(100);
+
 /// The next thing a key's runner does.
 enum Job {
     /// A store write: the batch's costs, then `reserve` extra hits for the lease.
@@ -40,25 +43,32 @@ pub(crate) struct Runner {
 struct Cleanup {
     queues: Queues,
     qkey: QueueKey,
+    /// Cleared when the runner removed its key itself: by then a new check may have
+    /// started the key afresh with a runner of its own, which must be left alone.
+    armed: bool,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        lock(&self.queues).remove(&self.qkey);
+        if self.armed {
+            lock(&self.queues).remove(&self.qkey);
+        }
     }
 }
 
 impl Runner {
     /// Works the key's queue and lease until the key is quiet, then removes it.
     pub(crate) async fn run(self) {
-        let _cleanup = Cleanup {
+        let mut cleanup = Cleanup {
             queues: self.queues.clone(),
             qkey: self.qkey.clone(),
+            armed: true,
         };
         // How long the previous store write of this key took, if it succeeded.
         let mut last_write: Option<Duration> = None;
         loop {
             let Some(job) = self.next_job() else {
+                cleanup.armed = false;
                 return;
             };
             match job {
@@ -93,6 +103,7 @@ impl Runner {
         let state = queues.get_mut(&self.qkey)?;
         // Checks whose callers gave up are gone; counting their hits would over-count.
         state.pending.retain(|w| !w.reply.is_closed());
+        state.serve_queued_from_lease(&self.limit);
         let now = Instant::now();
         if !state.pending.is_empty() {
             let batch = std::mem::take(&mut state.pending);
@@ -172,12 +183,22 @@ impl Runner {
             });
         let started = Instant::now();
         let call = self.store.admit(&self.limit, &self.qkey.1, window, &costs);
-        let result = crate::store::within(
-            self.call_timeout,
+        // A backstop only: the store (behind `breaker::Guarded`) bounds the call itself and
+        // classifies its own timeouts, so this fires a little after it would.
+        let mut result = crate::store::within(
+            self.call_timeout + BACKSTOP_SLACK,
             crate::store::with_deadline(deadline, call),
         )
         .await;
         let took = started.elapsed();
+        if matches!(result, Err(StoreError::Timeout(_)))
+            && self
+                .store
+                .lost_race_since(&self.limit, &self.qkey.1, started)
+        {
+            // It kept losing races until time ran out: contention, not an outage.
+            result = Err(StoreError::Contention { attempts: 0 });
+        }
         match result {
             Ok(admission) if admission.outcomes.len() == costs.len() => {
                 let mut outcomes = admission.outcomes;
@@ -218,7 +239,11 @@ impl Runner {
             }
             Ok(admission) => {
                 let e = StoreError::Malformed {
-                    path: format!("{}/{}", self.limit.name, self.qkey.1),
+                    path: format!(
+                        "{}/{}",
+                        self.limit.name,
+                        crate::logging::key_tag(&self.qkey.1)
+                    ),
                     detail: format!(
                         "store answered {} outcomes for {} costs",
                         admission.outcomes.len(),

@@ -156,7 +156,12 @@ impl RateLimiter for RateLimitService {
             .reset(&r.limit, &r.key, deadline)
             .await
             .map_err(to_status)?;
-        tracing::info!(limit = %out.limit_name, shared = out.shared, "key reset by admin");
+        tracing::info!(
+            limit = %out.limit_name,
+            key = %crate::logging::key_tag(&r.key),
+            shared = out.shared,
+            "key reset by admin"
+        );
         Ok(Response::new(pb::ResetResponse {
             limit_name: out.limit_name.to_string(),
             window: out.window,

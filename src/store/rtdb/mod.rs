@@ -262,8 +262,9 @@ impl RtdbStore {
         for attempt in 0..self.max_attempts {
             // Contention is not an outage: stop retrying while the caller can still be
             // told so, rather than be cut off mid-write (that write could still land).
+            // Round trips vary, so the next one is assumed half as slow again as the last.
             if let (Some(deadline), Some(rtt)) = (deadline, last_attempt)
-                && std::time::Instant::now() + rtt > deadline
+                && std::time::Instant::now() + rtt.mul_f64(1.5) > deadline
             {
                 return Err(StoreError::Contention { attempts: attempt });
             }
