@@ -54,6 +54,28 @@ impl LocalWindow {
         Decision::from_outcome(limit, now, admission.window, outcome, source)
     }
 
+    /// Decides `cost` hits for `key` by `limit`'s `on_store_failure` policy, for when the
+    /// shared answer cannot be had: `local` counts in this window (the decision says
+    /// `local`), `allow` admits and `deny` refuses, counted nowhere
+    /// ([`Source::FailurePolicy`]). The service's fallback and the client library's
+    /// both decide through this, so they apply a policy identically.
+    pub fn fail_open(&self, limit: &Limit, key: &str, cost: u32, local: Source) -> Decision {
+        let outcome = match limit.on_store_failure {
+            FailurePolicy::Local => return self.decide(limit, key, cost, local),
+            FailurePolicy::Allow => Outcome {
+                allowed: true,
+                count: cost,
+            },
+            FailurePolicy::Deny => Outcome {
+                allowed: false,
+                count: limit.requests,
+            },
+        };
+        let now = self.clock.now_ms();
+        let window = window::number(now, limit.window_ms);
+        Decision::from_outcome(limit, now, window, outcome, Source::FailurePolicy)
+    }
+
     /// `key`'s current window under `limit`, counting nothing.
     pub fn peek(&self, limit: &Limit, key: &str, source: Source) -> Decision {
         let now = self.clock.now_ms();
@@ -71,7 +93,6 @@ impl LocalWindow {
 /// Per-instance decisions for when the store fails.
 pub struct Fallback {
     local: LocalWindow,
-    clock: SharedClock,
     log: FallbackLog,
 }
 
@@ -79,31 +100,16 @@ impl Fallback {
     /// A fallback with an empty local window.
     pub fn new(clock: SharedClock) -> Self {
         Self {
-            local: LocalWindow::new(clock.clone()),
-            clock,
+            local: LocalWindow::new(clock),
             log: FallbackLog::default(),
         }
     }
 
     /// Decides `cost` hits for `key` under `limit` without the store, after `error`.
     pub fn decide(&self, limit: &Limit, key: &str, cost: u32, error: &StoreError) -> Decision {
-        let decision = match limit.on_store_failure {
-            FailurePolicy::Local => self.local.decide(limit, key, cost, Source::LocalFallback),
-            FailurePolicy::Allow => self.by_policy(
-                limit,
-                Outcome {
-                    allowed: true,
-                    count: cost,
-                },
-            ),
-            FailurePolicy::Deny => self.by_policy(
-                limit,
-                Outcome {
-                    allowed: false,
-                    count: limit.requests,
-                },
-            ),
-        };
+        let decision = self
+            .local
+            .fail_open(limit, key, cost, Source::LocalFallback);
         self.log.record(limit, error, decision.allowed);
         crate::metrics::fallback(&limit.name, error.kind());
         decision
@@ -113,13 +119,6 @@ impl Fallback {
     pub fn peek(&self, limit: &Limit, key: &str, error: &StoreError) -> Decision {
         tracing::debug!(limit = %limit.name, reason = error.kind(), "peek answered from the local window");
         self.local.peek(limit, key, Source::LocalFallback)
-    }
-
-    /// A decision the limit's `allow`/`deny` policy made, counted nowhere.
-    fn by_policy(&self, limit: &Limit, outcome: Outcome) -> Decision {
-        let now = self.clock.now_ms();
-        let window = window::number(now, limit.window_ms);
-        Decision::from_outcome(limit, now, window, outcome, Source::FailurePolicy)
     }
 
     /// Clears `key`'s local window.

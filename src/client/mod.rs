@@ -2,9 +2,12 @@
 //! rate-limit service, without ever being slowed or broken by it (DESIGN §6).
 //!
 //! [`Client::check`] sends `Check` with a deadline (1.5 s by default). When the service
-//! is unreachable, late or failing, the client decides from its **own** per-process
-//! window — the same [`LocalWindow`] code the service falls back to — and says so
-//! (`shared = false`, [`Source::ClientFallback`]). Around that call:
+//! is unreachable, late or failing, the client applies the limit's `on_store_failure`
+//! exactly as the service does, through the same [`LocalWindow::fail_open`]: `local`
+//! counts in its **own** per-process window ([`Source::ClientFallback`]), `allow`
+//! admits and `deny` refuses ([`Source::FailurePolicy`]); always `shared = false`. A
+//! limit it has never heard of is decided with its default limit's numbers under the
+//! asked name, policy `local` (`known.rs`), never unlimited. Around that call:
 //!
 //! - input is validated here with the service's own rules and messages
 //!   ([`validate_key`], [`resolve_cost`]), so bad input never costs an RPC; caller bugs
@@ -82,18 +85,6 @@ pub enum ClientError {
     /// The service has no limit by that name (`NOT_FOUND`); the message lists the known ones.
     #[error("{0}")]
     NotFound(String),
-    /// The service could not be asked and the client has no numbers for this limit.
-    #[error(
-        "limit {name:?} is not among the limits this client knows ({known}) and the service could not be asked ({reason}); include it in the client's fallback limits (ClientBuilder::fallback_limits, `ratelimit check --limits FILE`)"
-    )]
-    NoFallbackLimit {
-        /// The limit asked for.
-        name: String,
-        /// The limits the client knows.
-        known: String,
-        /// Why the service could not be asked.
-        reason: String,
-    },
     /// The service could not be asked (only for calls with no local answer, such as
     /// [`Client::refresh_limits`]).
     #[error("the rate-limit service could not be asked: {0}")]
@@ -493,11 +484,11 @@ impl Client {
             }
             Err(CallError::Caller(e)) => Err(e),
             Err(CallError::Down(why)) => {
-                let limit = self.fallback_limit(known, limit, &why)?;
+                let limit = self.fallback_limit(known, limit, &why);
                 Ok(self
                     .inner
                     .local
-                    .decide(&limit, key, cost, Source::ClientFallback))
+                    .fail_open(&limit, key, cost, Source::ClientFallback))
             }
         }
     }
@@ -518,7 +509,7 @@ impl Client {
             Ok(response) => Ok(decision_from_pb(response)),
             Err(CallError::Caller(e)) => Err(e),
             Err(CallError::Down(why)) => {
-                let limit = self.fallback_limit(known, limit, &why)?;
+                let limit = self.fallback_limit(known, limit, &why);
                 Ok(self.inner.local.peek(&limit, key, Source::ClientFallback))
             }
         }
@@ -543,20 +534,15 @@ impl Client {
         }
     }
 
-    /// The limit to decide with locally, and the log line for the outage's start.
+    /// The limit to decide with locally (a stand-in for an unknown one, see `known.rs`),
+    /// and the log line for the outage's start.
     fn fallback_limit(
         &self,
         known: Option<Arc<Limit>>,
         name: &str,
         why: &Unavailable,
-    ) -> Result<Arc<Limit>, ClientError> {
-        let Some(limit) = known else {
-            return Err(ClientError::NoFallbackLimit {
-                name: name.to_owned(),
-                known: self.inner.known.names(),
-                reason: why.to_string(),
-            });
-        };
+    ) -> Arc<Limit> {
+        let limit = self.inner.known.for_local_decision(known, name);
         if !self.inner.degraded.swap(true, Ordering::AcqRel) {
             tracing::warn!(
                 service = %self.inner.url,
@@ -568,7 +554,7 @@ impl Client {
         } else {
             tracing::debug!(limit = %limit.name, reason = why.kind(), "deciding locally (shared=false)");
         }
-        Ok(limit)
+        limit
     }
 
     /// One RPC through the breaker, within the deadline.
