@@ -7,11 +7,9 @@
 //! abusive caller from costing RTDB writes: 1,000 extra checks cost 0 requests.
 
 use crate::limits::Limit;
+use crate::memory_budget::{self, MemoryBudget};
 use moka::sync::Cache;
 use std::sync::Arc;
-
-/// Entries kept at most; evicting one only costs one store call later.
-const CAPACITY: u64 = 1_000_000;
 
 /// `(limit, key)` → the window in which the key is exhausted.
 pub struct DenyCache {
@@ -20,18 +18,26 @@ pub struct DenyCache {
 
 impl Default for DenyCache {
     fn default() -> Self {
-        Self {
-            // Correctness comes from comparing windows; expiry only frees memory, so a
-            // coarse idle timeout is enough (no per-entry deadline on moka's real clock).
-            exhausted: Cache::builder()
-                .max_capacity(CAPACITY)
-                .time_to_idle(std::time::Duration::from_secs(3_600))
-                .build(),
-        }
+        Self::with_budget(MemoryBudget::default().service(true).deny)
     }
 }
 
 impl DenyCache {
+    /// A cache of at most `bytes` (keys included); evicting an entry only costs one
+    /// store call later.
+    pub fn with_budget(bytes: u64) -> Self {
+        const FIXED: usize = 2 * size_of::<Arc<str>>() + 2 * 16 + size_of::<i64>();
+        Self {
+            // Correctness comes from comparing windows; expiry only frees memory, so a
+            // coarse idle timeout is enough (no per-entry deadline on moka's real clock).
+            exhausted: memory_budget::bounded(bytes, "deny", |k: &(Arc<str>, Arc<str>), _| {
+                FIXED + k.0.len() + k.1.len()
+            })
+            .time_to_idle(std::time::Duration::from_secs(3_600))
+            .build(),
+        }
+    }
+
     /// True when `key` is known exhausted in `window` (or a later one).
     pub fn is_exhausted(&self, limit: &Limit, key: &str, window: i64) -> bool {
         self.exhausted

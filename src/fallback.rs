@@ -15,6 +15,7 @@
 use crate::clock::SharedClock;
 use crate::limiter::{Decision, Source};
 use crate::limits::{FailurePolicy, Limit};
+use crate::memory_budget::MemoryBudget;
 use crate::store::{MemoryStore, Outcome, StoreError};
 use crate::window;
 use std::collections::HashMap;
@@ -33,10 +34,16 @@ pub struct LocalWindow {
 }
 
 impl LocalWindow {
-    /// Empty windows, numbered by `clock`.
+    /// Empty windows, numbered by `clock`, within the default budget's fallback share.
     pub fn new(clock: SharedClock) -> Self {
+        let bytes = MemoryBudget::default().service(true).fallback_window;
+        Self::with_budget(clock, bytes, "fallback_window")
+    }
+
+    /// Empty windows of at most `bytes`, evictions counted under `cache`.
+    pub fn with_budget(clock: SharedClock, bytes: u64, cache: &'static str) -> Self {
         Self {
-            store: MemoryStore::new(clock.clone()),
+            store: MemoryStore::with_budget(clock.clone(), bytes, cache),
             clock,
         }
     }
@@ -99,8 +106,13 @@ pub struct Fallback {
 impl Fallback {
     /// A fallback with an empty local window.
     pub fn new(clock: SharedClock) -> Self {
+        Self::with_local(LocalWindow::new(clock))
+    }
+
+    /// A fallback deciding locally in `local`.
+    pub fn with_local(local: LocalWindow) -> Self {
         Self {
-            local: LocalWindow::new(clock),
+            local,
             log: FallbackLog::default(),
         }
     }

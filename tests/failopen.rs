@@ -20,6 +20,7 @@ fn opts(failures: u32, cooldown_ms: u64) -> LimiterOptions {
             failures,
             cooldown: Duration::from_millis(cooldown_ms),
         },
+        ..LimiterOptions::default()
     }
 }
 

@@ -197,6 +197,7 @@ impl Env {
                 LimiterOptions {
                     store_timeout: spec.store_timeout,
                     breaker: spec.breaker,
+                    ..LimiterOptions::default()
                 },
             ));
             let addr = "127.0.0.1:0".parse().map_err(|e| format!("addr: {e}"))?;

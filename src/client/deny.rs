@@ -13,14 +13,12 @@
 //! client's own fallback refusals are already answered without the service.
 
 use crate::limiter::{Decision, Source};
+use crate::memory_budget::{self, MemoryBudget};
 use crate::window;
 use moka::Expiry;
 use moka::sync::Cache;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Entries kept at most; an evicted one only costs one RPC later.
-const CAPACITY: u64 = 100_000;
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -65,16 +63,29 @@ pub(crate) struct DenyUntil {
 
 impl Default for DenyUntil {
     fn default() -> Self {
-        Self {
-            entries: Cache::builder()
-                .max_capacity(CAPACITY)
-                .expire_after(UntilRetry)
-                .build(),
-        }
+        Self::with_budget(
+            MemoryBudget::new(memory_budget::DEFAULT_CLIENT_MEMORY_LIMIT)
+                .client()
+                .deny,
+        )
     }
 }
 
 impl DenyUntil {
+    /// A cache of at most `bytes` (keys included); an evicted entry only costs one RPC later.
+    pub(crate) fn with_budget(bytes: u64) -> Self {
+        const FIXED: usize = 2 * size_of::<Arc<str>>() + 2 * 16 + size_of::<Entry>();
+        Self {
+            entries: memory_budget::bounded(
+                bytes,
+                "client_deny",
+                |k: &(Arc<str>, Arc<str>), _: &Entry| FIXED + k.0.len() + k.1.len(),
+            )
+            .expire_after(UntilRetry)
+            .build(),
+        }
+    }
+
     /// Remembers `decision` for `(limit, key)` if it is a refusal by the service.
     pub(crate) fn record(&self, limit: &str, key: &str, decision: &Decision, now_ms: u64) {
         let by_the_service = matches!(

@@ -52,6 +52,7 @@ use crate::clock::{self, SharedClock};
 use crate::fallback::LocalWindow;
 use crate::limiter::{CheckError, Decision, Source, resolve_cost, validate_key};
 use crate::limits::{Limit, Limits, LimitsError};
+use crate::memory_budget::{self, MemoryBudget};
 use crate::pb;
 use crate::pb::rate_limiter_client::RateLimiterClient;
 use deny::DenyUntil;
@@ -131,6 +132,7 @@ pub struct ClientBuilder {
     clock: SharedClock,
     learn_limits: bool,
     auth: Auth,
+    memory_limit: u64,
 }
 
 /// How the client proves who it is to the service's front door.
@@ -154,6 +156,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("breaker", &self.breaker)
             .field("learn_limits", &self.learn_limits)
             .field("auth", &self.auth)
+            .field("memory_limit", &self.memory_limit)
             .finish()
     }
 }
@@ -200,6 +203,15 @@ impl ClientBuilder {
         self
     }
 
+    /// Bytes the client's own window and deny-until cache may hold, keys included
+    /// (default 32 MiB, at least 4 MiB): 3/4 window, 1/4 deny-until. Past it the least
+    /// used entries are evicted; an evicted window entry restarts that key's local
+    /// count (see `memory_budget.rs`).
+    pub fn memory_limit(mut self, bytes: u64) -> Self {
+        self.memory_limit = bytes;
+        self
+    }
+
     /// Authenticates to a Cloud Run service deployed with IAM
     /// (`--no-allow-unauthenticated`): each call carries a Google ID token for the
     /// service's URL, from the metadata server of the Google Cloud runtime the caller
@@ -233,6 +245,15 @@ impl ClientBuilder {
                 )));
             }
         }
+        if !(memory_budget::MIN_MEMORY_LIMIT..=memory_budget::MAX_MEMORY_LIMIT)
+            .contains(&self.memory_limit)
+        {
+            return Err(ClientError::Config(format!(
+                "memory limit: must be between 4 MiB and 1 TiB, got {} bytes",
+                self.memory_limit
+            )));
+        }
+        let shares = MemoryBudget::new(self.memory_limit).client();
         let endpoint =
             endpoint(&self.url)?.connect_timeout(self.connect_timeout.unwrap_or(self.deadline));
         let id_tokens = match &self.auth {
@@ -256,8 +277,8 @@ impl ClientBuilder {
                 deadline: self.deadline,
                 breaker: Breaker::new(self.breaker).subject("service"),
                 known: KnownLimits::new(self.fallback),
-                deny: DenyUntil::default(),
-                local: LocalWindow::new(self.clock.clone()),
+                deny: DenyUntil::with_budget(shares.deny),
+                local: LocalWindow::with_budget(self.clock.clone(), shares.window, "client_window"),
                 clock: self.clock,
                 learn_limits: self.learn_limits,
                 id_tokens,
@@ -407,6 +428,7 @@ impl Client {
             clock: clock::system(),
             learn_limits: true,
             auth: Auth::None,
+            memory_limit: memory_budget::DEFAULT_CLIENT_MEMORY_LIMIT,
         }
     }
 
@@ -751,6 +773,10 @@ mod tests {
             b.clone()
                 .connect_timeout(Duration::from_secs(86_400))
                 .build(),
+            Err(ClientError::Config(_))
+        ));
+        assert!(matches!(
+            b.clone().memory_limit(1024).build(),
             Err(ClientError::Config(_))
         ));
         assert!(b.deadline(Duration::from_millis(200)).build().is_ok());
