@@ -82,8 +82,10 @@ impl MemoryStore {
     /// `cache` (`memory_budget.rs` lists the names).
     pub fn with_budget(clock: SharedClock, bytes: u64, cache: &'static str) -> Self {
         const FIXED: usize = size_of::<SlotKey>() + size_of::<Slot>() + 2 * size_of::<usize>();
+        // The limit name is usually shared (one `Arc` per limit) but counted anyway: a
+        // client's stand-in for an unknown limit holds its own.
         let slots = memory_budget::bounded(bytes, cache, |k: &SlotKey, _: &Arc<Slot>| {
-            FIXED + k.key.len()
+            FIXED + k.key.len() + k.limit.len()
         })
         .expire_after(UntilWindowEnd)
         .build();
