@@ -12,12 +12,14 @@
 //! each (default `min(clients, 4 × instances)`), the calls multiplexed as streams.
 
 mod engine;
+mod leases;
 mod report;
 
 use clap::{Args, Parser, Subcommand};
 use engine::{Env, EnvSpec, RunResult, RunSpec, StoreKind};
 use ratelimit::breaker::BreakerConfig;
 use ratelimit::config::parse_duration;
+use ratelimit::lease::LeaseOptions;
 use std::time::Duration;
 
 #[derive(Debug, Parser)]
@@ -54,6 +56,9 @@ enum Command {
     Outage(OutageArgs),
     /// Scenario (d): 3 instances on one emulator; throughput and the exact admitted count.
     Instances(InstancesArgs),
+    /// Scenario (e): quota leases on and off: a hot key on 16 instances at +60 ms, and
+    /// 1,000 keys on 3 instances; writes per admitted check, latency, exactness.
+    Leases(leases::LeaseArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -84,6 +89,9 @@ struct RunArgs {
     /// In-process limiter: breaker cool-down.
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     breaker_cooldown: Duration,
+    /// In-process limiter: most hits one quota lease reserves (0: leases off).
+    #[arg(long, default_value_t = LeaseOptions::default().max_hits)]
+    lease_max_hits: u32,
     /// Concurrent client tasks (each has one check in flight at a time).
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
@@ -194,7 +202,7 @@ fn main() -> std::process::ExitCode {
     if args.len() <= 1 {
         println!("loadgen: no command given; nothing to measure.");
         println!(
-            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances> [flags]"
+            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|leases> [flags]"
         );
         println!("       cargo bench --bench loadgen -- help");
         return std::process::ExitCode::SUCCESS;
@@ -242,11 +250,12 @@ async fn execute(
         Command::StoreTrips(a) => store_trips(a).await,
         Command::Outage(a) => outage(a).await,
         Command::Instances(a) => instances(a).await,
+        Command::Leases(a) => leases::leases(a).await,
     }
 }
 
 /// Prints what every scenario prints: the tables, then any disturbance warning.
-fn print_runs(title: &str, runs: &[RunResult], with_store: bool) {
+pub(crate) fn print_runs(title: &str, runs: &[RunResult], with_store: bool) {
     println!("\n### {title}\n");
     print!("{}", report::throughput_table(runs));
     if with_store {
@@ -280,6 +289,10 @@ async fn run(a: RunArgs) -> Result<(), String> {
         breaker: BreakerConfig {
             failures: a.breaker_failures.max(1),
             cooldown: a.breaker_cooldown,
+        },
+        lease: LeaseOptions {
+            max_hits: a.lease_max_hits,
+            ..LeaseOptions::default()
         },
         server_nagle: a.server_nagle,
     })

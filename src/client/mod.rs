@@ -17,7 +17,8 @@
 //!   keeps failing: checks then answer locally at once, and one probe at a time goes out
 //!   after a cool-down;
 //! - a deny-until cache (`deny.rs`) refuses a key the service refused until its
-//!   `retry_after` passes, with no RPC;
+//!   `retry_after` passes or for a second at most (a Reset elsewhere frees the key), with
+//!   no RPC; [`Client::reset`] (`reset.rs`, with an admin token) clears it at once;
 //! - the limits come from the service's `ListLimits` once it answers, else from the
 //!   fallback limits the client was built with (`known.rs`);
 //! - a call that runs into the deadline renews the connection, since a late answer may
@@ -43,6 +44,7 @@ pub mod headers;
 pub mod id_token;
 mod known;
 pub mod layer;
+mod reset;
 
 pub use id_token::{IdTokenError, IdTokens};
 pub use layer::{RateLimit, RateLimitLayer};
@@ -105,6 +107,10 @@ pub enum ClientError {
     /// A builder setting is out of range.
     #[error("{0}")]
     Config(String),
+    /// The service refused an admin call ([`Client::reset`]): no or a wrong admin token,
+    /// or admin calls disabled there. The message is the service's.
+    #[error("the service refused the call: {0}")]
+    Refused(String),
     /// [`ClientBuilder::build`] ran outside a Tokio runtime, which the connection needs.
     #[error("the rate-limit client must be built inside a Tokio runtime")]
     NoRuntime,
@@ -133,6 +139,8 @@ pub struct ClientBuilder {
     learn_limits: bool,
     auth: Auth,
     memory_limit: u64,
+    deny_trust: Duration,
+    admin: Option<reset::AdminHeader>,
 }
 
 /// How the client proves who it is to the service's front door.
@@ -157,6 +165,8 @@ impl std::fmt::Debug for ClientBuilder {
             .field("learn_limits", &self.learn_limits)
             .field("auth", &self.auth)
             .field("memory_limit", &self.memory_limit)
+            .field("deny_trust", &self.deny_trust)
+            .field("admin", &self.admin)
             .finish()
     }
 }
@@ -192,6 +202,20 @@ impl ClientBuilder {
     /// The clock of the local window and the deny-until cache (default: the system clock).
     pub fn clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// How long a refusal by the service is repeated here without asking it again, at
+    /// most (default 1 s; never longer than the service's `retry_after`).
+    pub fn deny_trust(mut self, trust: Duration) -> Self {
+        self.deny_trust = trust;
+        self
+    }
+
+    /// The service's admin token (its `RATELIMIT_ADMIN_TOKEN`), for [`Client::reset`].
+    /// Sent only on Reset calls, and never formatted.
+    pub fn admin_token(mut self, token: &str) -> Self {
+        self.admin = reset::AdminHeader::new(token);
         self
     }
 
@@ -277,7 +301,8 @@ impl ClientBuilder {
                 deadline: self.deadline,
                 breaker: Breaker::new(self.breaker).subject("service"),
                 known: KnownLimits::new(self.fallback),
-                deny: DenyUntil::with_budget(shares.deny),
+                deny: DenyUntil::with_budget(self.deny_trust, shares.deny),
+                admin: self.admin,
                 local: LocalWindow::with_budget(self.clock.clone(), shares.window, "client_window"),
                 clock: self.clock,
                 learn_limits: self.learn_limits,
@@ -349,6 +374,7 @@ struct Inner {
     breaker: Breaker,
     known: KnownLimits,
     deny: DenyUntil,
+    admin: Option<reset::AdminHeader>,
     /// The client's own window, for when the service cannot answer.
     local: LocalWindow,
     clock: SharedClock,
@@ -429,6 +455,8 @@ impl Client {
             learn_limits: true,
             auth: Auth::None,
             memory_limit: memory_budget::DEFAULT_CLIENT_MEMORY_LIMIT,
+            deny_trust: crate::deny_cache::DEFAULT_TRUST,
+            admin: None,
         }
     }
 
