@@ -8,6 +8,7 @@ use crate::lease::LeaseOptions;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::{Limits, LimitsError};
 use crate::logging::LogFormat;
+use crate::memory_budget::MemoryBudget;
 use crate::server::{ServeOptions, admin::AdminToken};
 use crate::store::rtdb::auth::{self, EmulatorOwner, TokenSource};
 use crate::store::rtdb::target::Target;
@@ -181,6 +182,13 @@ pub struct ServeArgs {
     #[arg(long, env = "RATELIMIT_LOG", default_value = "info")]
     pub log: String,
 
+    /// Memory for every cache and window map (counters in memory mode, fallback windows,
+    /// deny-until cache, RTDB node cache), keys included, e.g. 256MiB, 1GiB. Past it
+    /// the least used entries are evicted (counted in ratelimit_cache_evictions_total).
+    /// Leave room for the rest of the process: about half the instance's memory.
+    #[arg(long, env = "RATELIMIT_MEMORY_LIMIT", default_value = "256MiB", value_parser = crate::memory_budget::parse_memory_limit)]
+    pub memory_limit: u64,
+
     /// Longest startup may spend finding Google credentials before giving up.
     #[arg(long, env = "RATELIMIT_CREDENTIALS_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub credentials_timeout: Duration,
@@ -271,8 +279,10 @@ pub async fn build_store(
     args: &ServeArgs,
     clock: SharedClock,
 ) -> Result<Arc<dyn CounterStore>, ConfigError> {
+    let budget = MemoryBudget::new(args.memory_limit);
     let Some(url) = args.database_url.as_deref() else {
-        return Ok(Arc::new(MemoryStore::new(clock)));
+        let bytes = budget.service(false).store;
+        return Ok(Arc::new(MemoryStore::with_budget(clock, bytes, "store")));
     };
     let emulator = std::env::var(EMULATOR_HOST_ENV).ok();
     let target = Target::new(url, emulator.as_deref(), &args.rtdb_root).map_err(RtdbError::from)?;
@@ -290,6 +300,7 @@ pub async fn build_store(
         // The limiter's budget bounds each decision; this only stops a stuck request
         // from holding a connection for ever.
         request_timeout: args.store_timeout.max(Duration::from_secs(1)) * 2,
+        node_cache_bytes: budget.service(true).rtdb_nodes,
         deny_trust: args.deny_trust,
         ..RtdbOptions::default()
     };
@@ -302,6 +313,12 @@ pub async fn build_store(
 pub async fn build_limiter(args: &ServeArgs, clock: SharedClock) -> Result<Limiter, ConfigError> {
     let limits = load_limits(args.limits.as_deref())?;
     let store = build_store(args, clock.clone()).await?;
+    let shares = MemoryBudget::new(args.memory_limit).service(store.is_remote());
+    tracing::info!(
+        memory_limit_bytes = args.memory_limit,
+        shares = ?shares,
+        "memory budget for caches and windows"
+    );
     Ok(Limiter::new(
         limits,
         store,
@@ -312,6 +329,7 @@ pub async fn build_limiter(args: &ServeArgs, clock: SharedClock) -> Result<Limit
                 failures: args.breaker_failures,
                 cooldown: args.breaker_cooldown,
             },
+            memory: MemoryBudget::new(args.memory_limit),
             lease: LeaseOptions {
                 max_hits: args.lease_max_hits,
                 share: args.lease_share,
@@ -347,6 +365,14 @@ mod tests {
             Some("0.0.0.0:6000")
         );
         assert_eq!(args.store_timeout, Duration::from_millis(1_500));
+        assert_eq!(
+            args.memory_limit,
+            crate::memory_budget::DEFAULT_MEMORY_LIMIT
+        );
+        let e = Cli::try_parse_from(["ratelimit", "serve", "--memory-limit", "lots"])
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("\"lots\" is not a size like 256MiB"), "{e}");
         assert_eq!(args.deny_trust, Duration::from_secs(1));
     }
 }

@@ -13,15 +13,13 @@
 
 use crate::clock::SharedClock;
 use crate::limits::Limit;
+use crate::memory_budget::{self, MemoryBudget};
 use moka::sync::Cache;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// How long "exhausted" is believed without asking the store again, by default.
 pub const DEFAULT_TRUST: Duration = Duration::from_secs(1);
-
-/// Entries kept at most; evicting one only costs one store call later.
-const CAPACITY: u64 = 1_000_000;
 
 /// When the store said a key was exhausted, and for which window.
 #[derive(Debug, Clone, Copy)]
@@ -45,15 +43,24 @@ impl Default for DenyCache {
 }
 
 impl DenyCache {
-    /// An empty cache whose entries are trusted for `trust` of `clock`'s time.
+    /// An empty cache whose entries are trusted for `trust` of `clock`'s time, within
+    /// the default budget's `deny` share.
     pub fn new(clock: SharedClock, trust: Duration) -> Self {
+        Self::with_budget(clock, trust, MemoryBudget::default().service(true).deny)
+    }
+
+    /// An empty cache of at most `bytes` (keys included); evicting an entry only costs
+    /// one store call later.
+    pub fn with_budget(clock: SharedClock, trust: Duration, bytes: u64) -> Self {
+        const FIXED: usize = 2 * size_of::<Arc<str>>() + 2 * 16 + size_of::<Exhausted>();
         Self {
             // Correctness comes from comparing windows; expiry only frees memory, so a
             // coarse idle timeout is enough (no per-entry deadline on moka's real clock).
-            exhausted: Cache::builder()
-                .max_capacity(CAPACITY)
-                .time_to_idle(std::time::Duration::from_secs(3_600))
-                .build(),
+            exhausted: memory_budget::bounded(bytes, "deny", |k: &(Arc<str>, Arc<str>), _| {
+                FIXED + k.0.len() + k.1.len()
+            })
+            .time_to_idle(std::time::Duration::from_secs(3_600))
+            .build(),
             clock,
             trust_ms: u64::try_from(trust.as_millis()).unwrap_or(u64::MAX),
         }

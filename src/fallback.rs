@@ -16,6 +16,7 @@
 use crate::clock::SharedClock;
 use crate::limiter::{Decision, Source};
 use crate::limits::{FailurePolicy, Limit};
+use crate::memory_budget::MemoryBudget;
 use crate::store::{MemoryStore, Outcome, StoreError};
 use crate::window;
 use std::collections::HashMap;
@@ -34,10 +35,16 @@ pub struct LocalWindow {
 }
 
 impl LocalWindow {
-    /// Empty windows, numbered by `clock`.
+    /// Empty windows, numbered by `clock`, within the default budget's fallback share.
     pub fn new(clock: SharedClock) -> Self {
+        let bytes = MemoryBudget::default().service(true).fallback_window;
+        Self::with_budget(clock, bytes, "fallback_window")
+    }
+
+    /// Empty windows of at most `bytes`, evictions counted under `cache`.
+    pub fn with_budget(clock: SharedClock, bytes: u64, cache: &'static str) -> Self {
         Self {
-            store: MemoryStore::new(clock.clone()),
+            store: MemoryStore::with_budget(clock.clone(), bytes, cache),
             clock,
         }
     }
@@ -53,6 +60,28 @@ impl LocalWindow {
             count: limit.requests,
         });
         Decision::from_outcome(limit, now, admission.window, outcome, source)
+    }
+
+    /// Decides `cost` hits for `key` by `limit`'s `on_store_failure` policy, for when the
+    /// shared answer cannot be had: `local` counts in this window (the decision says
+    /// `local`), `allow` admits and `deny` refuses, counted nowhere
+    /// ([`Source::FailurePolicy`]). The service's fallback and the client library's
+    /// both decide through this, so they apply a policy identically.
+    pub fn fail_open(&self, limit: &Limit, key: &str, cost: u32, local: Source) -> Decision {
+        let outcome = match limit.on_store_failure {
+            FailurePolicy::Local => return self.decide(limit, key, cost, local),
+            FailurePolicy::Allow => Outcome {
+                allowed: true,
+                count: cost,
+            },
+            FailurePolicy::Deny => Outcome {
+                allowed: false,
+                count: limit.requests,
+            },
+        };
+        let now = self.clock.now_ms();
+        let window = window::number(now, limit.window_ms);
+        Decision::from_outcome(limit, now, window, outcome, Source::FailurePolicy)
     }
 
     /// `key`'s current window under `limit`, counting nothing.
@@ -72,39 +101,28 @@ impl LocalWindow {
 /// Per-instance decisions for when the store fails.
 pub struct Fallback {
     local: LocalWindow,
-    clock: SharedClock,
     log: FallbackLog,
 }
 
 impl Fallback {
     /// A fallback with an empty local window.
     pub fn new(clock: SharedClock) -> Self {
+        Self::with_local(LocalWindow::new(clock))
+    }
+
+    /// A fallback deciding locally in `local`.
+    pub fn with_local(local: LocalWindow) -> Self {
         Self {
-            local: LocalWindow::new(clock.clone()),
-            clock,
+            local,
             log: FallbackLog::default(),
         }
     }
 
     /// Decides `cost` hits for `key` under `limit` without the store, after `error`.
     pub fn decide(&self, limit: &Limit, key: &str, cost: u32, error: &StoreError) -> Decision {
-        let decision = match limit.on_store_failure {
-            FailurePolicy::Local => self.local.decide(limit, key, cost, Source::LocalFallback),
-            FailurePolicy::Allow => self.by_policy(
-                limit,
-                Outcome {
-                    allowed: true,
-                    count: cost,
-                },
-            ),
-            FailurePolicy::Deny => self.by_policy(
-                limit,
-                Outcome {
-                    allowed: false,
-                    count: limit.requests,
-                },
-            ),
-        };
+        let decision = self
+            .local
+            .fail_open(limit, key, cost, Source::LocalFallback);
         self.log.record(limit, key, error, decision.allowed);
         crate::metrics::fallback(&limit.name, error.kind());
         decision
@@ -114,13 +132,6 @@ impl Fallback {
     pub fn peek(&self, limit: &Limit, key: &str, error: &StoreError) -> Decision {
         tracing::debug!(limit = %limit.name, key = %crate::logging::key_tag(key), reason = error.kind(), "peek answered from the local window");
         self.local.peek(limit, key, Source::LocalFallback)
-    }
-
-    /// A decision the limit's `allow`/`deny` policy made, counted nowhere.
-    fn by_policy(&self, limit: &Limit, outcome: Outcome) -> Decision {
-        let now = self.clock.now_ms();
-        let window = window::number(now, limit.window_ms);
-        Decision::from_outcome(limit, now, window, outcome, Source::FailurePolicy)
     }
 
     /// Clears `key`'s local window.

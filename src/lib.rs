@@ -21,6 +21,7 @@
 //! - [`server`]: the gRPC server (service, health, reflection, admin auth).
 //! - [`client`]: the client library callers link (own fallback, breaker, deny-until
 //!   cache, HTTP headers, tower layer) and the `ratelimit check` CLI.
+//! - [`memory_budget`]: the byte budget every cache and window map is bounded by.
 //! - [`config`]: command-line flags and environment variables.
 //! - [`logging`], [`metrics`]: text/JSON logs and Prometheus metrics (names live there).
 //! - [`pb`]: generated protobuf code.
@@ -38,6 +39,7 @@ pub mod lease;
 pub mod limiter;
 pub mod limits;
 pub mod logging;
+pub mod memory_budget;
 pub mod metrics;
 pub mod pb;
 pub mod server;

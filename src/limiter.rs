@@ -16,9 +16,10 @@ use crate::breaker::{self, Breaker, BreakerConfig, Guarded};
 use crate::clock::SharedClock;
 use crate::coalesce::{Coalescer, Served};
 use crate::deny_cache::DenyCache;
-use crate::fallback::Fallback;
+use crate::fallback::{Fallback, LocalWindow};
 use crate::lease::LeaseOptions;
 use crate::limits::{Limit, Limits, UnknownLimit};
+use crate::memory_budget::MemoryBudget;
 use crate::metrics;
 use crate::store::{self, CounterStore, Outcome, StoreError, WindowCount};
 use crate::window;
@@ -201,6 +202,9 @@ pub struct LimiterOptions {
     pub store_timeout: Duration,
     /// When to stop calling a failing remote store.
     pub breaker: BreakerConfig,
+    /// The byte budget; the limiter's own maps (deny-until cache, fallback windows) take
+    /// their shares of it (`memory_budget.rs`).
+    pub memory: MemoryBudget,
     /// Quota leases for hot keys of a remote store.
     pub lease: LeaseOptions,
     /// How long a key known exhausted is denied without asking the store again
@@ -213,6 +217,7 @@ impl Default for LimiterOptions {
         Self {
             store_timeout: DEFAULT_STORE_TIMEOUT,
             breaker: BreakerConfig::default(),
+            memory: MemoryBudget::default(),
             lease: LeaseOptions::default(),
             deny_trust: crate::deny_cache::DEFAULT_TRUST,
         }
@@ -245,6 +250,9 @@ impl Limiter {
         clock: SharedClock,
         options: LimiterOptions,
     ) -> Self {
+        let shares = options.memory.service(store.is_remote());
+        let local =
+            LocalWindow::with_budget(clock.clone(), shares.fallback_window, "fallback_window");
         let (store, remote) = if store.is_remote() {
             let breaker = Arc::new(
                 Breaker::new(options.breaker).on_change(|state| metrics::breaker(state, true)),
@@ -254,7 +262,7 @@ impl Limiter {
                 Arc::new(Guarded::new(store, breaker.clone(), options.store_timeout));
             let remote = Remote {
                 coalescer: Coalescer::new(guarded.clone(), options.store_timeout, options.lease),
-                deny: DenyCache::new(clock.clone(), options.deny_trust),
+                deny: DenyCache::with_budget(clock.clone(), options.deny_trust, shares.deny),
                 breaker,
             };
             (guarded, Some(remote))
@@ -262,7 +270,7 @@ impl Limiter {
             (store, None)
         };
         Self {
-            fallback: Fallback::new(clock.clone()),
+            fallback: Fallback::with_local(local),
             remote,
             limits,
             store,

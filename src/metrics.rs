@@ -15,6 +15,7 @@
 //! | `ratelimit_breaker_transitions_total` | counter | `to` |
 //! | `ratelimit_checks_in_flight` | gauge | |
 //! | `ratelimit_shed_total` | counter | refused at the concurrency limit |
+//! | `ratelimit_cache_evictions_total` | counter | `cache`: entries evicted for the memory budget (`store`, `fallback_window`, `deny`, `rtdb_nodes`, `client_window`, `client_deny`; see `memory_budget.rs`) |
 
 use crate::breaker::State;
 use crate::limiter::{Decision, Source};
@@ -34,6 +35,7 @@ const BREAKER_STATE: &str = "ratelimit_breaker_state";
 const BREAKER_TRANSITIONS: &str = "ratelimit_breaker_transitions_total";
 const IN_FLIGHT: &str = "ratelimit_checks_in_flight";
 const SHED: &str = "ratelimit_shed_total";
+const EVICTIONS: &str = "ratelimit_cache_evictions_total";
 
 /// Store latency buckets (seconds): RTDB round trips are ~10–100 ms; the budget is 1.5 s.
 const STORE_BUCKETS: &[f64] = &[
@@ -55,6 +57,8 @@ struct Handles {
     in_flight: Option<Gauge>,
     /// Per limit: one counter per (outcome, source), at [`decision_slot`].
     decisions: HashMap<Arc<str>, [Option<Counter>; 2 * SOURCES]>,
+    /// Per cache (a handful of fixed names): evictions, one per insert under a flood.
+    evictions: HashMap<&'static str, Counter>,
 }
 
 static HANDLES: LazyLock<RwLock<Handles>> = LazyLock::new(RwLock::default);
@@ -135,6 +139,17 @@ pub fn breaker(state: State, transition: bool) {
     if transition {
         counter!(BREAKER_TRANSITIONS, "to" => state.as_str()).increment(1);
     }
+}
+
+/// Counts one cache entry evicted for the memory budget.
+pub fn eviction(cache: &'static str) {
+    if let Some(c) = handles().evictions.get(cache) {
+        c.increment(1);
+        return;
+    }
+    let c = counter!(EVICTIONS, "cache" => cache);
+    c.increment(1);
+    handles_mut().evictions.insert(cache, c);
 }
 
 /// Counts one call refused at the concurrency limit.

@@ -338,13 +338,108 @@ async fn the_client_learns_the_services_limits_and_falls_back_with_them() {
     );
     let default = client.check("", "k3", 1).await.expect("fallback");
     assert_eq!((&*default.limit_name, default.limit), ("t", 3));
-    let unknown = client
-        .check("uploads", "k", 1)
-        .await
-        .expect_err("no numbers");
+    // A limit nobody told the client about is not unlimited (this pinned an error,
+    // `NoFallbackLimit`, before issue 10): the default limit's numbers, its own name.
+    let unknown = client.check("uploads", "k", 1).await.expect("decided");
+    assert_eq!(
+        (
+            &*unknown.limit_name,
+            unknown.limit,
+            unknown.remaining,
+            unknown.source
+        ),
+        ("uploads", 3, 2, Source::ClientFallback)
+    );
+}
+
+const POLICIES: &str = "[[limit]]\nname = \"t\"\nrequests = 3\nwindow = \"60s\"\ndefault = true\n\
+    [[limit]]\nname = \"signin\"\nrequests = 2\nwindow = \"15m\"\non_store_failure = \"deny\"\n\
+    [[limit]]\nname = \"uploads\"\nrequests = 2\nwindow = \"1h\"\non_store_failure = \"allow\"\n";
+
+/// Four checks of key `k` under `limit`: (allowed, source, remaining, retry_after in s).
+async fn four(client: &Client, limit: &str) -> Vec<(bool, Source, u32, Option<u64>)> {
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let d = client.check(limit, "k", 1).await.expect("decided locally");
+        assert!(!d.shared, "{d:?}");
+        assert_eq!(&*d.limit_name, limit);
+        got.push((
+            d.allowed,
+            d.source,
+            d.remaining,
+            d.retry_after.map(|r| r.as_secs()),
+        ));
+    }
+    got
+}
+
+#[tokio::test]
+async fn with_the_service_down_the_client_applies_each_limits_failure_policy() {
+    let svc = start(limits(POLICIES));
+    // One client learns the limits from ListLimits (its own fallback is the built-in
+    // `mcp`); the other never reaches the service and has them as fallback limits.
+    let learned = svc.client().build().expect("client");
     assert!(
-        matches!(unknown, ClientError::NoFallbackLimit { .. }),
-        "{unknown:?}"
+        learned
+            .check("t", "warm-up", 1)
+            .await
+            .expect("check")
+            .shared
+    );
+    let started = Instant::now();
+    while learned.limits().names() != ["t", "signin", "uploads"] {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "limits not learned"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let from_file = svc
+        .client()
+        .fallback_limits(limits(POLICIES))
+        .build()
+        .expect("client");
+    let store = svc.store.clone();
+    let admits = svc.admits();
+    svc.server.stop().await.expect("server stops");
+    // T0 is 10 s into a 60 s window and a 15 min one.
+    let (fp, cf) = (Source::FailurePolicy, Source::ClientFallback);
+    for client in [learned, from_file] {
+        assert_eq!(
+            four(&client, "signin").await,
+            vec![(false, fp, 0, Some(890)); 4],
+            "deny refuses even the first attempt"
+        );
+        assert_eq!(
+            four(&client, "uploads").await,
+            vec![(true, fp, 1, None); 4],
+            "allow admits past the limit (2), counting nothing"
+        );
+        assert_eq!(
+            four(&client, "t").await,
+            [
+                (true, cf, 2, None),
+                (true, cf, 1, None),
+                (true, cf, 0, None),
+                (false, cf, 0, Some(50))
+            ],
+            "local counts in the client's own window"
+        );
+        assert_eq!(
+            four(&client, "never-heard-of").await,
+            [
+                (true, cf, 2, None),
+                (true, cf, 1, None),
+                (true, cf, 0, None),
+                (false, cf, 0, Some(50))
+            ],
+            "an unknown limit: the default's 3 per 60 s, in its own window, not t's"
+        );
+    }
+    assert_eq!(
+        store.admits.load(Ordering::SeqCst),
+        admits,
+        "the service was down: no store call"
     );
 }
 
@@ -931,6 +1026,19 @@ async fn the_cli_answers_alone_without_a_service_and_refuses_bad_input() {
         ),
         (5.into(), 3.into(), false.into())
     );
+    // A limit the CLI knows nothing of: decided with the default's numbers (this was an
+    // error, exit 2, before issue 10), and said so on stderr.
+    let (code, json, stderr) = cli(&["check", "--server", url, "--limit", "signin", "k"]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        (
+            json["limit_name"].clone(),
+            json["limit"].clone(),
+            json["remaining"].clone()
+        ),
+        ("signin".into(), 120.into(), 119.into())
+    );
+    assert!(stderr.contains("limit unknown to this client"), "{stderr}");
     for (args, want) in [
         (
             vec!["check", "--server", url, ""],
@@ -953,10 +1061,6 @@ async fn the_cli_answers_alone_without_a_service_and_refuses_bad_input() {
             "invalid value '0'",
         ),
         (vec!["check", "--server", url], "KEY"),
-        (
-            vec!["check", "--server", url, "--limit", "signin", "k"],
-            "error: limit \"signin\" is not among the limits this client knows (mcp)",
-        ),
         (
             vec![
                 "check",

@@ -122,14 +122,18 @@ async fn an_exhausted_key_costs_no_requests_for_the_rest_of_its_window() {
 async fn awkward_keys_each_land_as_exactly_one_node_under_the_limit() {
     let emu = rtdb::emulator().await;
     let mut h = rtdb::instance(&emu, Limits::builtin(), ManualClock::new(T0), opts()).await;
-    let long = "ü".repeat(250); // 500 bytes of non-ASCII
+    let long = "ü".repeat(250); // 500 bytes of non-ASCII: too long for base64, hashed
+    let medium = ".".repeat(300); // escapes to 900 bytes: base64
     let keys_in = [
         "alice@example.com",
+        "alice+1@example.com",
         "10.0.0.1",
         "a/b",
         "../x",
         "$#[]",
         "%2F",
+        "~b",
+        medium.as_str(),
         long.as_str(),
     ];
     for k in keys_in {
@@ -139,14 +143,23 @@ async fn awkward_keys_each_land_as_exactly_one_node_under_the_limit() {
     let tree = emu.value(NS, "rateLimits/mcp");
     let children = tree.as_object().expect("an object of nodes");
     assert_eq!(children.len(), keys_in.len(), "{tree}");
-    let mut decoded: Vec<String> = children
-        .keys()
-        .map(|k| keys::decode(k).expect("every node name decodes"))
-        .collect();
-    decoded.sort();
-    let mut expected: Vec<String> = keys_in.iter().map(|s| s.to_string()).collect();
+    // Each node is named by keys::encode: [A-Za-z0-9_~-] only, so the URL path the
+    // emulator decoded is the name as written; every node but the hashed one decodes.
+    let mut names: Vec<&String> = children.keys().collect();
+    names.sort();
+    let mut expected: Vec<String> = keys_in.iter().map(|k| keys::encode(k)).collect();
     expected.sort();
-    assert_eq!(decoded, expected);
+    assert_eq!(names, expected.iter().collect::<Vec<_>>());
+    for k in keys_in {
+        let e = keys::encode(k);
+        assert!(
+            e.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-~".contains(&b)),
+            "{e}"
+        );
+        let want = (k != long).then(|| k.to_owned());
+        assert_eq!(keys::decode(&e), want, "{k:?}");
+    }
     for node in children.values() {
         assert_eq!(
             node,

@@ -20,14 +20,12 @@
 //! client's own fallback refusals are already answered without the service.
 
 use crate::limiter::{Decision, Source};
+use crate::memory_budget;
 use crate::window;
 use moka::Expiry;
 use moka::sync::Cache;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Entries kept at most; an evicted one only costs one RPC later.
-const CAPACITY: u64 = 100_000;
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -74,13 +72,28 @@ pub(crate) struct DenyUntil {
 }
 
 impl DenyUntil {
-    /// An empty cache whose refusals are believed for at most `trust`.
+    /// An empty cache whose refusals are believed for at most `trust`, within the
+    /// default client budget's deny share.
+    #[cfg(test)]
     pub(crate) fn new(trust: Duration) -> Self {
+        let bytes = memory_budget::MemoryBudget::new(memory_budget::DEFAULT_CLIENT_MEMORY_LIMIT)
+            .client()
+            .deny;
+        Self::with_budget(trust, bytes)
+    }
+
+    /// An empty cache of at most `bytes` (keys included); an evicted entry only costs
+    /// one RPC later.
+    pub(crate) fn with_budget(trust: Duration, bytes: u64) -> Self {
+        const FIXED: usize = 2 * size_of::<Arc<str>>() + 2 * 16 + size_of::<Entry>();
         Self {
-            entries: Cache::builder()
-                .max_capacity(CAPACITY)
-                .expire_after(UntilRetry)
-                .build(),
+            entries: memory_budget::bounded(
+                bytes,
+                "client_deny",
+                |k: &(Arc<str>, Arc<str>), _: &Entry| FIXED + k.0.len() + k.1.len(),
+            )
+            .expire_after(UntilRetry)
+            .build(),
             trust_ms: u64::try_from(trust.as_millis()).unwrap_or(u64::MAX),
         }
     }

@@ -6,9 +6,19 @@
 //! service's own message), and deciding from its own window when the service cannot
 //! answer. The service's limits win as soon as they are known, because the fallback
 //! limits are only the caller's guess of them.
+//!
+//! **A limit the client has never heard of** (neither learned nor in its fallback
+//! limits) is, when the service cannot be asked, decided by a stand-in ([`stand_in`]):
+//! the default limit's `requests` and window, under the asked name (its own windows,
+//! never shared with the default limit's keys), with `on_store_failure = local`. Never
+//! unlimited, and never "refuse everyone" for a limit nothing is known about. It is
+//! reported in aggregate ([`UnknownLog`]): one warning for the first, then one summary
+//! line per [`LOG_INTERVAL`] while it goes on.
 
+use crate::fallback::LOG_INTERVAL;
 use crate::limits::{FailurePolicy, Limit, Limits, LimitsError};
 use crate::pb;
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -18,6 +28,9 @@ pub(crate) const REFRESH_EVERY: Duration = Duration::from_secs(300);
 /// Least time between two attempts to learn, so a service whose `ListLimits` keeps
 /// failing costs at most one extra call per this interval.
 const RETRY_EVERY: Duration = Duration::from_secs(30);
+
+/// Most unknown names listed in one summary line (the count covers all of them).
+const NAMES_LISTED: usize = 8;
 
 struct Learned {
     limits: Limits,
@@ -29,6 +42,7 @@ pub(crate) struct KnownLimits {
     fallback: Limits,
     learned: RwLock<Option<Learned>>,
     last_attempt: Mutex<Option<Instant>>,
+    unknown: UnknownLog,
 }
 
 impl KnownLimits {
@@ -37,7 +51,25 @@ impl KnownLimits {
             fallback,
             learned: RwLock::new(None),
             last_attempt: Mutex::new(None),
+            unknown: UnknownLog::default(),
         }
+    }
+
+    /// The limit to decide `name` with locally: the known one, else the [`stand_in`]
+    /// (recorded in the aggregated log).
+    pub(crate) fn for_local_decision(&self, known: Option<Arc<Limit>>, name: &str) -> Arc<Limit> {
+        if let Some(limit) = known {
+            return limit;
+        }
+        let limit = Arc::new(stand_in(&self.current(), name));
+        self.unknown.record(&limit);
+        limit
+    }
+
+    /// The aggregated log of decisions for unknown limits, for tests.
+    #[cfg(test)]
+    pub(crate) fn unknown_log(&self) -> &UnknownLog {
+        &self.unknown
     }
 
     /// The limit called `name` (empty: the default): the service's if it has one by
@@ -57,22 +89,6 @@ impl KnownLimits {
         learned
             .as_ref()
             .map_or_else(|| self.fallback.clone(), |l| l.limits.clone())
-    }
-
-    /// Every name the client could decide for, for error messages.
-    pub(crate) fn names(&self) -> String {
-        let mut names: Vec<String> = self
-            .current()
-            .names()
-            .iter()
-            .map(|n| n.to_string())
-            .collect();
-        for n in self.fallback.names() {
-            if !names.iter().any(|m| m == n) {
-                names.push(n.to_owned());
-            }
-        }
-        names.join(", ")
     }
 
     /// Replaces the learned limits.
@@ -102,6 +118,70 @@ impl KnownLimits {
         }
         *last = Some(Instant::now());
         true
+    }
+}
+
+/// The stand-in for a limit called `name` that `limits` does not hold: the default
+/// limit's `requests` and window under `name`, failure policy `local`.
+pub(crate) fn stand_in(limits: &Limits, name: &str) -> Limit {
+    let default = limits.default_limit();
+    Limit::new(name, default.requests, default.window()).with_policy(FailurePolicy::Local)
+}
+
+#[derive(Default)]
+struct UnknownState {
+    since: Option<Instant>,
+    decisions: u64,
+    names: BTreeSet<String>,
+    lines: u64,
+}
+
+/// Aggregates local decisions for unknown limits into a few warnings.
+#[derive(Default)]
+pub(crate) struct UnknownLog {
+    state: Mutex<UnknownState>,
+}
+
+impl UnknownLog {
+    fn record(&self, stand_in: &Limit) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        state.decisions += 1;
+        if state.names.len() < NAMES_LISTED {
+            state.names.insert(stand_in.name.to_string());
+        }
+        let Some(since) = state.since else {
+            state.since = Some(now);
+            state.lines += 1;
+            tracing::warn!(
+                limit = %stand_in.name,
+                requests = stand_in.requests,
+                window = %humantime::format_duration(stand_in.window()),
+                "limit unknown to this client and the service cannot be asked; deciding locally with the default limit's numbers under this name (add it to the client's fallback limits)"
+            );
+            state.decisions = 0;
+            state.names.clear();
+            return;
+        };
+        if now.duration_since(since) >= LOG_INTERVAL {
+            state.lines += 1;
+            let names: Vec<&str> = state.names.iter().map(String::as_str).collect();
+            tracing::warn!(
+                decisions = state.decisions,
+                limits = %names.join(", "),
+                seconds = now.duration_since(since).as_secs(),
+                "local decisions for limits unknown to this client since the last report (default limit's numbers)"
+            );
+            state.since = Some(now);
+            state.decisions = 0;
+            state.names.clear();
+        }
+    }
+
+    /// Warning lines written so far.
+    #[cfg(test)]
+    pub(crate) fn lines(&self) -> u64 {
+        self.state.lock().map(|s| s.lines).unwrap_or(0)
     }
 }
 
@@ -175,7 +255,6 @@ mod tests {
         assert_eq!(signin.window_ms, 900_000);
         assert_eq!(signin.on_store_failure, FailurePolicy::Deny);
         assert_eq!(known.get("mcp").map(|l| l.requests), Some(120));
-        assert_eq!(known.names(), "signin, uploads, mcp");
     }
 
     #[test]
@@ -188,6 +267,41 @@ mod tests {
         ] {
             assert!(from_pb(pb::ListLimitsResponse { limits: bad }).is_err());
         }
+    }
+
+    #[test]
+    fn an_unknown_limit_gets_the_default_limits_numbers_under_its_own_name() {
+        let fallback = Limits::from_toml(
+            "test",
+            "[[limit]]\nname = \"signin\"\nrequests = 5\nwindow = \"15m\"\non_store_failure = \"allow\"\n",
+        )
+        .expect("valid");
+        let known = KnownLimits::new(fallback);
+        let got = known.for_local_decision(None, "uploads");
+        assert_eq!(
+            (
+                &*got.name,
+                got.requests,
+                got.window_ms,
+                got.on_store_failure
+            ),
+            ("uploads", 5, 900_000, FailurePolicy::Local),
+            "never the default's `allow`: an unknown limit is never unlimited"
+        );
+        let signin = known.get("signin");
+        assert_eq!(
+            known.for_local_decision(signin.clone(), "signin"),
+            signin.expect("known")
+        );
+        for _ in 0..1_000 {
+            known.for_local_decision(None, "uploads");
+            known.for_local_decision(None, "other");
+        }
+        assert_eq!(
+            known.unknown_log().lines(),
+            1,
+            "one warning, not one per check"
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@
 //!   configuration bug: `500`, logged, so that it is found at once rather than in an
 //!   outage.
 
-use super::{Client, ClientError};
+use super::Client;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, StatusCode};
 use std::future::Future;
@@ -125,10 +125,6 @@ where
                 Err(e) if e.is_bad_key() => {
                     tracing::debug!(limit = %limit, error = %e, "request refused: unusable rate-limit key");
                     Ok(plain(StatusCode::BAD_REQUEST, "invalid rate-limit key\n"))
-                }
-                Err(e @ ClientError::NoFallbackLimit { .. }) => {
-                    tracing::warn!(limit = %limit, error = %e, "request passes unlimited (fail open)");
-                    inner.call(request).await
                 }
                 Err(e) => {
                     tracing::error!(limit = %limit, error = %e, "rate limiting misconfigured; answering 500");

@@ -2,9 +2,12 @@
 //! rate-limit service, without ever being slowed or broken by it (DESIGN §6).
 //!
 //! [`Client::check`] sends `Check` with a deadline (1.5 s by default). When the service
-//! is unreachable, late or failing, the client decides from its **own** per-process
-//! window — the same [`LocalWindow`] code the service falls back to — and says so
-//! (`shared = false`, [`Source::ClientFallback`]). Around that call:
+//! is unreachable, late or failing, the client applies the limit's `on_store_failure`
+//! exactly as the service does, through the same [`LocalWindow::fail_open`]: `local`
+//! counts in its **own** per-process window ([`Source::ClientFallback`]), `allow`
+//! admits and `deny` refuses ([`Source::FailurePolicy`]); always `shared = false`. A
+//! limit it has never heard of is decided with its default limit's numbers under the
+//! asked name, policy `local` (`known.rs`), never unlimited. Around that call:
 //!
 //! - input is validated here with the service's own rules and messages
 //!   ([`validate_key`], [`resolve_cost`]), so bad input never costs an RPC; caller bugs
@@ -51,6 +54,7 @@ use crate::clock::{self, SharedClock};
 use crate::fallback::LocalWindow;
 use crate::limiter::{CheckError, Decision, Source, resolve_cost, validate_key};
 use crate::limits::{Limit, Limits, LimitsError};
+use crate::memory_budget::{self, MemoryBudget};
 use crate::pb;
 use crate::pb::rate_limiter_client::RateLimiterClient;
 use deny::DenyUntil;
@@ -84,18 +88,6 @@ pub enum ClientError {
     /// The service has no limit by that name (`NOT_FOUND`); the message lists the known ones.
     #[error("{0}")]
     NotFound(String),
-    /// The service could not be asked and the client has no numbers for this limit.
-    #[error(
-        "limit {name:?} is not among the limits this client knows ({known}) and the service could not be asked ({reason}); include it in the client's fallback limits (ClientBuilder::fallback_limits, `ratelimit check --limits FILE`)"
-    )]
-    NoFallbackLimit {
-        /// The limit asked for.
-        name: String,
-        /// The limits the client knows.
-        known: String,
-        /// Why the service could not be asked.
-        reason: String,
-    },
     /// The service could not be asked (only for calls with no local answer, such as
     /// [`Client::refresh_limits`]).
     #[error("the rate-limit service could not be asked: {0}")]
@@ -146,6 +138,7 @@ pub struct ClientBuilder {
     clock: SharedClock,
     learn_limits: bool,
     auth: Auth,
+    memory_limit: u64,
     deny_trust: Duration,
     admin: Option<reset::AdminHeader>,
 }
@@ -171,6 +164,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("breaker", &self.breaker)
             .field("learn_limits", &self.learn_limits)
             .field("auth", &self.auth)
+            .field("memory_limit", &self.memory_limit)
             .field("deny_trust", &self.deny_trust)
             .field("admin", &self.admin)
             .finish()
@@ -233,6 +227,15 @@ impl ClientBuilder {
         self
     }
 
+    /// Bytes the client's own window and deny-until cache may hold, keys included
+    /// (default 32 MiB, at least 4 MiB): 3/4 window, 1/4 deny-until. Past it the least
+    /// used entries are evicted; an evicted window entry restarts that key's local
+    /// count (see `memory_budget.rs`).
+    pub fn memory_limit(mut self, bytes: u64) -> Self {
+        self.memory_limit = bytes;
+        self
+    }
+
     /// Authenticates to a Cloud Run service deployed with IAM
     /// (`--no-allow-unauthenticated`): each call carries a Google ID token for the
     /// service's URL, from the metadata server of the Google Cloud runtime the caller
@@ -266,6 +269,15 @@ impl ClientBuilder {
                 )));
             }
         }
+        if !(memory_budget::MIN_MEMORY_LIMIT..=memory_budget::MAX_MEMORY_LIMIT)
+            .contains(&self.memory_limit)
+        {
+            return Err(ClientError::Config(format!(
+                "memory limit: must be between 4 MiB and 1 TiB, got {} bytes",
+                self.memory_limit
+            )));
+        }
+        let shares = MemoryBudget::new(self.memory_limit).client();
         let endpoint =
             endpoint(&self.url)?.connect_timeout(self.connect_timeout.unwrap_or(self.deadline));
         let id_tokens = match &self.auth {
@@ -289,9 +301,9 @@ impl ClientBuilder {
                 deadline: self.deadline,
                 breaker: Breaker::new(self.breaker).subject("service"),
                 known: KnownLimits::new(self.fallback),
-                deny: DenyUntil::new(self.deny_trust),
+                deny: DenyUntil::with_budget(self.deny_trust, shares.deny),
                 admin: self.admin,
-                local: LocalWindow::new(self.clock.clone()),
+                local: LocalWindow::with_budget(self.clock.clone(), shares.window, "client_window"),
                 clock: self.clock,
                 learn_limits: self.learn_limits,
                 id_tokens,
@@ -442,6 +454,7 @@ impl Client {
             clock: clock::system(),
             learn_limits: true,
             auth: Auth::None,
+            memory_limit: memory_budget::DEFAULT_CLIENT_MEMORY_LIMIT,
             deny_trust: crate::deny_cache::DEFAULT_TRUST,
             admin: None,
         }
@@ -521,11 +534,11 @@ impl Client {
             }
             Err(CallError::Caller(e)) => Err(e),
             Err(CallError::Down(why)) => {
-                let limit = self.fallback_limit(known, limit, &why)?;
+                let limit = self.fallback_limit(known, limit, &why);
                 Ok(self
                     .inner
                     .local
-                    .decide(&limit, key, cost, Source::ClientFallback))
+                    .fail_open(&limit, key, cost, Source::ClientFallback))
             }
         }
     }
@@ -546,7 +559,7 @@ impl Client {
             Ok(response) => Ok(decision_from_pb(response)),
             Err(CallError::Caller(e)) => Err(e),
             Err(CallError::Down(why)) => {
-                let limit = self.fallback_limit(known, limit, &why)?;
+                let limit = self.fallback_limit(known, limit, &why);
                 Ok(self.inner.local.peek(&limit, key, Source::ClientFallback))
             }
         }
@@ -571,20 +584,15 @@ impl Client {
         }
     }
 
-    /// The limit to decide with locally, and the log line for the outage's start.
+    /// The limit to decide with locally (a stand-in for an unknown one, see `known.rs`),
+    /// and the log line for the outage's start.
     fn fallback_limit(
         &self,
         known: Option<Arc<Limit>>,
         name: &str,
         why: &Unavailable,
-    ) -> Result<Arc<Limit>, ClientError> {
-        let Some(limit) = known else {
-            return Err(ClientError::NoFallbackLimit {
-                name: name.to_owned(),
-                known: self.inner.known.names(),
-                reason: why.to_string(),
-            });
-        };
+    ) -> Arc<Limit> {
+        let limit = self.inner.known.for_local_decision(known, name);
         if !self.inner.degraded.swap(true, Ordering::AcqRel) {
             tracing::warn!(
                 service = %self.inner.url,
@@ -596,7 +604,7 @@ impl Client {
         } else {
             tracing::debug!(limit = %limit.name, reason = why.kind(), "deciding locally (shared=false)");
         }
-        Ok(limit)
+        limit
     }
 
     /// One RPC through the breaker, within the deadline.
@@ -793,6 +801,10 @@ mod tests {
             b.clone()
                 .connect_timeout(Duration::from_secs(86_400))
                 .build(),
+            Err(ClientError::Config(_))
+        ));
+        assert!(matches!(
+            b.clone().memory_limit(1024).build(),
             Err(ClientError::Config(_))
         ));
         assert!(b.deadline(Duration::from_millis(200)).build().is_ok());

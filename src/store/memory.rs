@@ -8,16 +8,20 @@
 //! - One moka entry per `(limit, key, window)`. Putting the window in the key means a
 //!   counter is never reused across windows, so correctness never depends on when moka
 //!   evicts; expiry only frees memory.
-//! - No `max_capacity`: a size bound would let moka evict a live counter under pressure,
-//!   which silently resets it (fails open for that key). Memory is bounded by time
-//!   instead: each entry expires shortly after its window ends, so at most one window's
-//!   worth of distinct keys is held per limit.
+//! - Bounded twice. By time: each entry expires shortly after its window ends. And by
+//!   bytes: the cache has a weighted `max_capacity` (its share of `--memory-limit`,
+//!   `memory_budget.rs`), each entry weighed with its key. A flood of distinct keys
+//!   within one window therefore **can evict a live counter**: that key's count
+//!   restarts at 0, so the limit is soft for it (it can admit again). moka's TinyLFU
+//!   keeps the entries of keys checked often, so a flood of one-off keys mostly evicts
+//!   one-off keys. Evictions are counted (`ratelimit_cache_evictions_total{cache}`).
 //! - The count is an `AtomicU32` updated by compare-and-swap of the whole batch, so a
 //!   batch is applied atomically without a lock.
 
 use super::{Admission, CounterStore, StoreError, WindowCount, apply_batch};
 use crate::clock::SharedClock;
 use crate::limits::Limit;
+use crate::memory_budget::{self, MemoryBudget};
 use crate::window;
 use async_trait::async_trait;
 use moka::Expiry;
@@ -68,12 +72,24 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store whose expiry follows `clock`'s windows.
+    /// An empty store whose expiry follows `clock`'s windows, bounded by the default
+    /// budget's `store` share.
     pub fn new(clock: SharedClock) -> Self {
-        Self {
-            slots: Cache::builder().expire_after(UntilWindowEnd).build(),
-            clock,
-        }
+        Self::with_budget(clock, MemoryBudget::default().service(false).store, "store")
+    }
+
+    /// An empty store of at most `bytes` (keys included); evictions are counted under
+    /// `cache` (`memory_budget.rs` lists the names).
+    pub fn with_budget(clock: SharedClock, bytes: u64, cache: &'static str) -> Self {
+        const FIXED: usize = size_of::<SlotKey>() + size_of::<Slot>() + 2 * size_of::<usize>();
+        // The limit name is usually shared (one `Arc` per limit) but counted anyway: a
+        // client's stand-in for an unknown limit holds its own.
+        let slots = memory_budget::bounded(bytes, cache, |k: &SlotKey, _: &Arc<Slot>| {
+            FIXED + k.key.len() + k.limit.len()
+        })
+        .expire_after(UntilWindowEnd)
+        .build();
+        Self { slots, clock }
     }
 
     fn slot_key(limit: &Limit, key: &str, window: i64) -> SlotKey {
@@ -281,6 +297,19 @@ mod tests {
         });
         assert_eq!(admitted, 1_000);
         assert_eq!(s.peek_now(&l, "hot", 1).count, 1_000);
+    }
+
+    #[test]
+    fn the_byte_budget_bounds_the_entries_keys_included() {
+        let s = MemoryStore::with_budget(Arc::new(ManualClock::new(0)), 1 << 20, "test");
+        let l = Limit::new("t", 5, Duration::from_secs(60));
+        for i in 0..20_000 {
+            s.admit_now(&l, &format!("{i:0>500}"), 1, &[1]);
+        }
+        // A 500-byte key's entry weighs over 900 bytes: at most 1,100 fit in 1 MiB.
+        let held = s.entries();
+        assert!((100..=1_100).contains(&held), "{held}");
+        assert!(s.slots.weighted_size() <= 1 << 20);
     }
 
     #[test]

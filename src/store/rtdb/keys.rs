@@ -1,49 +1,85 @@
-//! Turning any caller key into one valid RTDB key, reversibly.
+//! Turning any caller key into one RTDB key that fits the path budget and travels in a
+//! URL path as it is.
 //!
-//! Caller keys are e-mails, IPs, token ids: anything up to 512 bytes of UTF-8. RTDB keys
-//! must not contain `. $ # [ ] /` or ASCII control characters and are at most 768
-//! bytes. Two encodings, chosen per key:
+//! Caller keys are e-mails, IPs, token ids: anything up to 512 bytes of UTF-8. RTDB
+//! forbids `. $ # [ ] /` and control characters in keys and bounds a **whole path** at
+//! 768 bytes (reference/rtdb-rest.md, Limits); a URL path must not carry `%`, `+`, `?`
+//! or non-ASCII bytes raw. So an encoded key uses only `[A-Za-z0-9_-]` and the escape
+//! character `~`, which RFC 3986 calls unreserved (no URL library percent-encodes it)
+//! and RTDB allows in keys. Three forms, chosen per key, the first that fits
+//! [`MAX_ENCODED_KEY_BYTES`]:
 //!
-//! - **escaped** (readable in the console): every forbidden byte, and `%` and `:`
-//!   themselves, become `%XX` (uppercase hex); everything else, including non-ASCII
-//!   UTF-8, stays as is. `alice@example.com` → `alice@example%2Ecom`.
-//! - **base64** when escaping would exceed 768 bytes (at most 3× growth on 512 bytes):
-//!   `%b` + base64url without padding, at most 2 + 683 bytes.
+//! - **escaped** (readable in the console): `A-Z a-z 0-9 _ -` stay as they are, every
+//!   other byte becomes `~XX` (two uppercase hex digits). `alice@example.com` →
+//!   `alice~40example~2Ecom`.
+//! - **base64**: `~b` + base64url without padding (its alphabet is `[A-Za-z0-9_-]`), for
+//!   keys up to 460 bytes that escape too long.
+//! - **hashed**: `~h` + base64url of the key's SHA-256 (45 bytes), for longer ones. Not
+//!   reversible; SHA-256 keeps distinct keys on distinct nodes.
 //!
-//! Distinct keys never collide: escaped output only ever has `%` followed by two
-//! uppercase hex digits, so it can never start with `%b`, and within each scheme the
-//! mapping is injective. [`decode`] inverts [`encode`].
+//! The forms never collide: escaped output has `~` only before two uppercase hex digits,
+//! never before `b` or `h`, and within each form the mapping is injective (escaping and
+//! base64 are reversible, and the form is a function of the key). [`decode`] inverts
+//! [`encode`] for the first two forms and accepts only what [`encode`] produces.
+//!
+//! The budget is fixed, not per limit, so a key's node name depends on the key alone:
+//! `/{root}/{limit}/{key}/{window}` with the longest root ([`MAX_ROOT_BYTES`], checked by
+//! `target.rs`), limit name ([`MAX_NAME_LEN`], checked by `limits.rs`) and window child
+//! ([`MAX_WINDOW_CHILD_BYTES`]) is at most [`MAX_PATH_BYTES`].
 
+use crate::limits::MAX_NAME_LEN;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
-/// RTDB's key length limit, in bytes.
-pub const MAX_RTDB_KEY_BYTES: usize = 768;
-const BASE64_PREFIX: &str = "%b";
+/// RTDB's bound on a whole path, and on one key, in bytes of UTF-8.
+pub const MAX_PATH_BYTES: usize = 768;
+/// Longest accepted root path (`--rtdb-root`), its inner `/` included.
+pub const MAX_ROOT_BYTES: usize = 64;
+/// Longest window child: an `i64` in decimal, sign included.
+pub const MAX_WINDOW_CHILD_BYTES: usize = 20;
+/// Longest encoded key: what the path leaves, with a `/` before each of its four parts.
+pub const MAX_ENCODED_KEY_BYTES: usize =
+    MAX_PATH_BYTES - (1 + MAX_ROOT_BYTES) - (1 + MAX_NAME_LEN) - 1 - (1 + MAX_WINDOW_CHILD_BYTES);
 
-fn must_escape(b: u8) -> bool {
-    matches!(b, b'.' | b'$' | b'#' | b'[' | b']' | b'/' | b'%' | b':') || b < 0x20 || b == 0x7f
+const ESCAPE: u8 = b'~';
+const BASE64_PREFIX: &str = "~b";
+const HASH_PREFIX: &str = "~h";
+
+/// True for the bytes that pass unescaped: safe in RTDB keys and in URL paths.
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
 }
 
-/// Encodes `key` as a valid RTDB key.
+/// Encodes `key` as an RTDB key of at most [`MAX_ENCODED_KEY_BYTES`] bytes of
+/// `[A-Za-z0-9_~-]`.
 pub fn encode(key: &str) -> String {
-    let escapes = key.bytes().filter(|&b| must_escape(b)).count();
-    if key.len() + 2 * escapes > MAX_RTDB_KEY_BYTES {
-        return format!("{BASE64_PREFIX}{}", URL_SAFE_NO_PAD.encode(key.as_bytes()));
-    }
-    let mut out = String::with_capacity(key.len() + 2 * escapes);
-    for c in key.chars() {
-        // Only ASCII bytes are ever escaped; multi-byte UTF-8 passes through whole.
-        match u8::try_from(c) {
-            Ok(b) if must_escape(b) => {
-                out.push('%');
+    let escaped_len = key
+        .bytes()
+        .map(|b| if is_plain(b) { 1 } else { 3 })
+        .sum::<usize>();
+    if escaped_len <= MAX_ENCODED_KEY_BYTES {
+        let mut out = String::with_capacity(escaped_len);
+        for b in key.bytes() {
+            if is_plain(b) {
+                out.push(char::from(b));
+            } else {
+                out.push(char::from(ESCAPE));
                 out.push(hex_digit(b >> 4));
                 out.push(hex_digit(b & 0xf));
             }
-            _ => out.push(c),
         }
+        return out;
     }
-    out
+    if BASE64_PREFIX.len() + (key.len() * 4).div_ceil(3) <= MAX_ENCODED_KEY_BYTES {
+        return format!("{BASE64_PREFIX}{}", URL_SAFE_NO_PAD.encode(key.as_bytes()));
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    format!("{HASH_PREFIX}{}", URL_SAFE_NO_PAD.encode(digest.as_ref()))
+}
+
+/// True when `encoded` is the hashed form, whose caller key cannot be recovered.
+pub fn is_hashed(encoded: &str) -> bool {
+    encoded.starts_with(HASH_PREFIX)
 }
 
 fn hex_digit(n: u8) -> char {
@@ -58,31 +94,36 @@ fn hex_value(c: u8) -> Option<u8> {
     }
 }
 
-/// Decodes an RTDB key produced by [`encode`]; `None` if it is not one.
+/// Decodes an RTDB key produced by [`encode`]; `None` if it is not one, or is hashed.
 pub fn decode(encoded: &str) -> Option<String> {
-    if let Some(b64) = encoded.strip_prefix(BASE64_PREFIX) {
-        let bytes = URL_SAFE_NO_PAD.decode(b64).ok()?;
-        return String::from_utf8(bytes).ok();
+    if is_hashed(encoded) {
+        return None;
     }
+    let key = if let Some(b64) = encoded.strip_prefix(BASE64_PREFIX) {
+        String::from_utf8(URL_SAFE_NO_PAD.decode(b64).ok()?).ok()?
+    } else {
+        unescape(encoded)?
+    };
+    // One-to-one: only the form encode itself picks for this key decodes (a base64 form
+    // of a key that fits escaped, or `~41` for a plain `A`, is refused).
+    (!key.is_empty() && encode(&key) == encoded).then_some(key)
+}
+
+fn unescape(encoded: &str) -> Option<String> {
     let bytes = encoded.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' {
+        if bytes[i] == ESCAPE {
             let hi = hex_value(*bytes.get(i + 1)?)?;
             let lo = hex_value(*bytes.get(i + 2)?)?;
-            let b = hi << 4 | lo;
-            if !must_escape(b) {
-                return None; // never produced by encode: keeps decoding one-to-one
-            }
-            out.push(b);
+            out.push(hi << 4 | lo);
             i += 3;
-        } else {
-            if must_escape(bytes[i]) {
-                return None;
-            }
+        } else if is_plain(bytes[i]) {
             out.push(bytes[i]);
             i += 1;
+        } else {
+            return None;
         }
     }
     String::from_utf8(out).ok()
@@ -91,69 +132,17 @@ pub fn decode(encoded: &str) -> Option<String> {
 /// True when `s` is a valid RTDB key (length and character rules).
 pub fn is_valid_rtdb_key(s: &str) -> bool {
     !s.is_empty()
-        && s.len() <= MAX_RTDB_KEY_BYTES
+        && s.len() <= MAX_PATH_BYTES
         && !s
             .bytes()
             .any(|b| matches!(b, b'.' | b'$' | b'#' | b'[' | b']' | b'/') || b < 0x20 || b == 0x7f)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn readable_keys_stay_readable() {
-        assert_eq!(encode("alice@example.com"), "alice@example%2Ecom");
-        assert_eq!(encode("10.0.0.1"), "10%2E0%2E0%2E1");
-        assert_eq!(encode("a/b"), "a%2Fb");
-        assert_eq!(encode("../x"), "%2E%2E%2Fx");
-        assert_eq!(encode("$#[]"), "%24%23%5B%5D");
-        assert_eq!(encode("%2F"), "%252F");
-        assert_eq!(encode("tok_AZaz09-"), "tok_AZaz09-");
-        assert_eq!(encode("ключ"), "ключ");
-    }
-
-    #[test]
-    fn long_escaped_keys_switch_to_base64_within_768_bytes() {
-        let k = "/".repeat(512);
-        let e = encode(&k);
-        assert!(
-            e.starts_with("%b") && e.len() <= MAX_RTDB_KEY_BYTES,
-            "{}",
-            e.len()
-        );
-        assert_eq!(decode(&e).as_deref(), Some(k.as_str()));
-    }
-
-    #[test]
-    fn decode_refuses_what_encode_never_produces() {
-        for bad in ["%2", "%zz", "%41", "a.b", "%2e"] {
-            assert_eq!(decode(bad), None, "{bad}");
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn encoding_is_valid_and_reversible(key in "\\PC{1,200}|[./$#\\[\\]%:\\x00-\\x1f\\x7f]{1,512}") {
-            prop_assume!(key.len() <= 512);
-            let e = encode(&key);
-            prop_assert!(is_valid_rtdb_key(&e), "invalid: {e:?}");
-            prop_assert_eq!(decode(&e), Some(key));
-        }
-
-        #[test]
-        fn any_string_up_to_512_bytes_encodes_validly(key in any::<String>()) {
-            prop_assume!(!key.is_empty() && key.len() <= 512);
-            let e = encode(&key);
-            prop_assert!(is_valid_rtdb_key(&e));
-            prop_assert_eq!(decode(&e), Some(key));
-        }
-
-        #[test]
-        fn distinct_keys_never_collide(a in any::<String>(), b in any::<String>()) {
-            prop_assume!(a != b && !a.is_empty() && !b.is_empty() && a.len() <= 512 && b.len() <= 512);
-            prop_assert_ne!(encode(&a), encode(&b));
-        }
-    }
+/// True when `s` is one path segment this service may put in a URL as it is (root
+/// segments, limit names): non-empty `[A-Za-z0-9_-]`.
+pub fn is_plain_segment(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(is_plain)
 }
+
+#[cfg(test)]
+mod tests;

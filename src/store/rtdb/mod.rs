@@ -53,8 +53,6 @@ use target::Target;
 /// checks of that batch fall back to the local window, which over-admits, so the cap is
 /// generous.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
-/// How many nodes' `(value, etag)` are cached. Evicting one only costs a read later.
-const ETAG_CACHE_CAPACITY: u64 = 100_000;
 
 /// Settings of an [`RtdbStore`].
 #[derive(Debug, Clone)]
@@ -65,6 +63,9 @@ pub struct RtdbOptions {
     pub connect_timeout: Duration,
     /// Conditional PUT attempts per transaction.
     pub max_attempts: u32,
+    /// Bytes of cached `(value, etag)` nodes, keys included (`memory_budget.rs`).
+    /// Evicting one only costs a read later.
+    pub node_cache_bytes: u64,
     /// How long a cached count that denies is believed without reading the node again.
     pub deny_trust: Duration,
 }
@@ -75,6 +76,9 @@ impl Default for RtdbOptions {
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            node_cache_bytes: crate::memory_budget::MemoryBudget::default()
+                .service(true)
+                .rtdb_nodes,
             deny_trust: crate::deny_cache::DEFAULT_TRUST,
         }
     }
@@ -135,7 +139,18 @@ impl RtdbStore {
             http,
             target,
             tokens,
-            nodes: Cache::builder().max_capacity(ETAG_CACHE_CAPACITY).build(),
+            nodes: crate::memory_budget::bounded(
+                options.node_cache_bytes,
+                "rtdb_nodes",
+                |k: &(Arc<str>, String), v: &CachedNode| {
+                    size_of::<(Arc<str>, String)>()
+                        + size_of::<CachedNode>()
+                        + k.1.len()
+                        + v.etag.len()
+                        + 16
+                },
+            )
+            .build(),
             max_attempts: options.max_attempts.max(1),
             clock: crate::clock::system(),
             deny_trust_ms: u64::try_from(options.deny_trust.as_millis()).unwrap_or(u64::MAX),

@@ -6,8 +6,11 @@
 //! `FIREBASE_DATABASE_EMULATOR_HOST=host:port` → `http://host:port`, with
 //! `?ns=<first label of the database URL host>` on every request.
 //!
-//! Node layout: `{root}/{limit}/{encodedKey}.json`, each segment percent-encoded by the
-//! URL library, so an encoded key holding `%` travels as `%25`.
+//! Node layout: `{root}/{limit}/{encodedKey}.json`. Every segment is plain
+//! `[A-Za-z0-9_-]` (root segments, limit names) or an encoded key (`[A-Za-z0-9_~-]`,
+//! `keys.rs`), so nothing in a node URL needs percent-encoding: the path the URL names
+//! is exactly the RTDB path. The root is at most [`keys::MAX_ROOT_BYTES`], which the
+//! key budget assumes.
 
 use super::keys;
 use reqwest::Url;
@@ -25,12 +28,18 @@ pub enum TargetError {
         "FIREBASE_DATABASE_EMULATOR_HOST={value:?}: {problem} (expected host:port, e.g. 127.0.0.1:9000)"
     )]
     EmulatorHost { value: String, problem: String },
-    /// The root path is not a valid RTDB path.
+    /// The root path is not one this service can use.
     #[error(
-        "RTDB root path {root:?}: each segment must be a valid RTDB key (no . $ # [ ] or control characters)"
+        "RTDB root path {root:?}: must be 1 to {max} bytes of /-separated segments of A-Z a-z 0-9 _ - (at most {depth} segments)",
+        max = keys::MAX_ROOT_BYTES,
+        depth = MAX_ROOT_DEPTH
     )]
     Root { root: String },
 }
+
+/// Most segments in the root: RTDB paths must be under 32 levels deep, and the limit,
+/// key and window add three.
+pub const MAX_ROOT_DEPTH: usize = 8;
 
 /// A resolved RTDB endpoint.
 #[derive(Debug, Clone)]
@@ -65,14 +74,19 @@ impl Target {
         if url.path() != "/" && !url.path().is_empty() {
             return Err(bad("must not have a path"));
         }
-        let root: Vec<String> = root
+        let given = root;
+        let root: Vec<String> = given
             .split('/')
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
             .collect();
-        if root.is_empty() || !root.iter().all(|s| keys::is_valid_rtdb_key(s)) {
+        if root.is_empty()
+            || root.len() > MAX_ROOT_DEPTH
+            || root.join("/").len() > keys::MAX_ROOT_BYTES
+            || !root.iter().all(|s| keys::is_plain_segment(s))
+        {
             return Err(TargetError::Root {
-                root: root.join("/"),
+                root: given.to_owned(),
             });
         }
         match emulator_host.map(str::trim).filter(|h| !h.is_empty()) {
@@ -156,9 +170,11 @@ mod tests {
             "rateLimits",
         )
         .expect("ok");
+        let key = keys::encode("alice+1@example.com");
         assert_eq!(
-            t.node_url("mcp", "alice@example%2Ecom").as_str(),
-            "https://proj-default-rtdb.firebaseio.com/rateLimits/mcp/alice@example%252Ecom.json"
+            t.node_url("mcp", &key).as_str(),
+            "https://proj-default-rtdb.firebaseio.com/rateLimits/mcp/alice~2B1~40example~2Ecom.json",
+            "nothing is percent-encoded: the URL path is the RTDB path"
         );
         let t = Target::new(
             "https://proj-default-rtdb.europe-west1.firebasedatabase.app/",
@@ -207,7 +223,28 @@ mod tests {
         };
         assert!(h("http://127.0.0.1:9000").contains("must not include a scheme"));
         assert!(h("127.0.0.1").contains("must be host:port"));
-        let r = Target::new("https://p.firebaseio.com", None, "rate.limits").expect_err("refused");
-        assert!(matches!(r, TargetError::Root { .. }));
+        let root = |r: &str| Target::new("https://p.firebaseio.com", None, r);
+        let too_long = "r".repeat(keys::MAX_ROOT_BYTES + 1);
+        let too_deep = "a/".repeat(MAX_ROOT_DEPTH + 1);
+        for bad in [
+            "rate.limits",
+            "a+b",
+            "a%2Fb",
+            "ключ",
+            "",
+            "/",
+            &too_long,
+            &too_deep,
+        ] {
+            match root(bad) {
+                Err(TargetError::Root { root }) => assert_eq!(root, bad),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        let e = root("a b").expect_err("refused").to_string();
+        assert!(e.contains("A-Z a-z 0-9 _ -"), "{e}");
+        let longest = "r".repeat(keys::MAX_ROOT_BYTES);
+        assert!(root(&longest).is_ok());
+        assert!(root("apps/prod_1/rate-limits").is_ok());
     }
 }
