@@ -24,7 +24,8 @@
 //!   may have run: it is [`StoreError::UnknownOutcome`] and is never re-sent. Only a
 //!   failure to connect, where nothing was sent, is [`StoreError::Connect`].
 //! - **One multiplexed connection**, opened lazily (the service starts and fails open while
-//!   Redis is down) and replaced after an error; concurrent calls share it and a reconnect.
+//!   Redis is down) and replaced after an error or an abandoned call; concurrent calls
+//!   share it and a reconnect.
 //!
 //! Batching, single flight, the breaker, the budget and the deny-until cache stay in the
 //! limiter, as for RTDB.
@@ -112,14 +113,9 @@ pub fn decode(encoded: &str) -> Option<String> {
 /// Parses a stored `"<window>:<count>"`.
 fn parse_value(raw: &str) -> Option<WindowCount> {
     let (w, c) = raw.split_once(':')?;
-    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !all_digits(w) || !all_digits(c) {
-        return None;
-    }
-    Some(WindowCount {
-        window: w.parse().ok()?,
-        count: c.parse().ok()?,
-    })
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (window, count) = (w.parse().ok()?, c.parse().ok()?);
+    (digits(w) && digits(c)).then_some(WindowCount { window, count })
 }
 
 /// Settings of a [`RedisStore`].
@@ -207,6 +203,20 @@ impl Link {
     }
 }
 
+/// Discards the connection of a call dropped before it finished.
+struct Abandoned<'a> {
+    link: &'a Link,
+    generation: Option<u64>,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if let Some(g) = self.generation {
+            self.link.discard(g);
+        }
+    }
+}
+
 /// Counters in Redis.
 pub struct RedisStore {
     link: Link,
@@ -289,14 +299,22 @@ impl RedisStore {
     {
         let (generation, conn) = self.link.get().await?;
         let started = Instant::now();
-        let result = f(conn).await;
-        let answered = match &result {
-            Ok(_) => Some(200),
-            Err(e) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => Some(500),
-            Err(_) => None,
+        // A call abandoned mid-flight (its budget ran out) leaves the connection's state
+        // unknown, e.g. black-holed: the next call connects afresh rather than queueing
+        // behind it until TCP gives up.
+        let mut abandoned = Abandoned {
+            link: &self.link,
+            generation: Some(generation),
         };
-        if let Some(status) = answered {
-            crate::metrics::store_request(op, status, started.elapsed());
+        let result = f(conn).await;
+        abandoned.generation = None;
+        // Answers only (200 or an error reply); a broken call has no duration worth keeping.
+        match &result {
+            Ok(_) => crate::metrics::store_request(op, 200, started.elapsed()),
+            Err(e) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+                crate::metrics::store_request(op, 500, started.elapsed())
+            }
+            Err(_) => {}
         }
         result.map_err(|e| {
             let err = call_error(&e, key, write);
@@ -420,12 +438,8 @@ impl CounterStore for RedisStore {
         let [had, sw, sc, w, c] = reply[..] else {
             return Err(malformed(format!("admit script answered {reply:?}")));
         };
-        let stored = if had == 1 {
-            let count = u32::try_from(sc).map_err(|_| malformed(format!("count {sc}")))?;
-            Some(WindowCount { window: sw, count })
-        } else {
-            None
-        };
+        let count = u32::try_from(sc).map_err(|_| malformed(format!("count {sc}")))?;
+        let stored = (had == 1).then_some(WindowCount { window: sw, count });
         let (next, outcomes) = apply_batch(stored, window, limit.requests, costs);
         if (i64::from(next.count), next.window) != (c, w) {
             return Err(malformed(format!(
@@ -446,10 +460,7 @@ impl CounterStore for RedisStore {
             None => None,
             Some(v) => Some(parse_value(&v).ok_or_else(|| StoreError::Malformed {
                 path: rkey.clone(),
-                detail: format!(
-                    "not a window:count value: {:?}",
-                    v.chars().take(40).collect::<String>()
-                ),
+                detail: "not a window:count value".into(),
             })?),
         };
         Ok(visible_count(stored, window))
