@@ -50,6 +50,9 @@ pub enum StoreKind {
     Memory,
     /// `RtdbStore` over an in-process RTDB emulator.
     Emulator,
+    /// `RedisStore` on `EnvSpec::redis_url` (a redis-server started by `redis_bench.rs`
+    /// or given with `--redis-url`).
+    Redis,
 }
 
 /// What to put under load.
@@ -62,6 +65,8 @@ pub struct EnvSpec {
     pub store: StoreKind,
     pub instances: usize,
     pub emulator_latency: Duration,
+    /// With `StoreKind::Redis`: the server every instance shares.
+    pub redis_url: Option<String>,
     pub store_timeout: Duration,
     pub breaker: BreakerConfig,
     /// Accept connections with Nagle's algorithm on (TCP_NODELAY off), as the service
@@ -77,6 +82,7 @@ impl Default for EnvSpec {
             store: StoreKind::Memory,
             instances: 1,
             emulator_latency: Duration::ZERO,
+            redis_url: None,
             store_timeout: LimiterOptions::default().store_timeout,
             breaker: BreakerConfig::default(),
             server_nagle: false,
@@ -152,7 +158,7 @@ impl Env {
         let limits = Limits::from_toml("benches/limits.toml", LIMITS_TOML)
             .map_err(|e| format!("limits: {e}"))?;
         let emulator = match spec.store {
-            StoreKind::Memory => None,
+            StoreKind::Memory | StoreKind::Redis => None,
             StoreKind::Emulator => {
                 let rules: serde_json::Value =
                     serde_json::from_str(include_str!("../../database.rules.json"))
@@ -172,6 +178,21 @@ impl Env {
         for _ in 0..instances {
             let clock = clock::system();
             let store: Arc<dyn CounterStore> = match &emulator {
+                None if spec.store == StoreKind::Redis => {
+                    let url = spec
+                        .redis_url
+                        .as_deref()
+                        .ok_or("--store redis needs a URL")?;
+                    // As `config::build_store` does; one store (connection) per instance.
+                    let options = ratelimit::store::redis::RedisOptions {
+                        response_timeout: spec.store_timeout.max(Duration::from_secs(1)) * 2,
+                        ..Default::default()
+                    };
+                    Arc::new(
+                        ratelimit::store::redis::RedisStore::new(url, options, clock.clone())
+                            .map_err(|e| format!("redis store: {e}"))?,
+                    )
+                }
                 None => Arc::new(MemoryStore::new(clock.clone())),
                 Some(emu) => {
                     let target = Target::new(DB_URL, Some(&emu.host()), "rateLimits")
@@ -226,6 +247,7 @@ impl Env {
                 emu.host(),
                 spec.emulator_latency.as_millis()
             ),
+            (None, StoreKind::Redis) => "Redis store on one local redis-server".to_owned(),
             (None, _) => "memory store".to_owned(),
         };
         Ok(Env {

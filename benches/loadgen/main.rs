@@ -12,6 +12,7 @@
 //! each (default `min(clients, 4 × instances)`), the calls multiplexed as streams.
 
 mod engine;
+mod redis_bench;
 mod report;
 
 use clap::{Args, Parser, Subcommand};
@@ -54,6 +55,9 @@ enum Command {
     Outage(OutageArgs),
     /// Scenario (d): 3 instances on one emulator; throughput and the exact admitted count.
     Instances(InstancesArgs),
+    /// Scenario (e): memory, RTDB (emulator) and Redis side by side, 1 and 3 instances;
+    /// Redis commands per check from INFO commandstats.
+    Redis(redis_bench::RedisArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -69,6 +73,9 @@ struct RunArgs {
     /// In-process store.
     #[arg(long, value_enum, default_value = "memory")]
     store: StoreKind,
+    /// With --store redis: the server's URL (redis://127.0.0.1:6379).
+    #[arg(long)]
+    redis_url: Option<String>,
     /// In-process service instances (all on one emulator with --store emulator).
     #[arg(long, default_value_t = 1)]
     instances: usize,
@@ -194,7 +201,7 @@ fn main() -> std::process::ExitCode {
     if args.len() <= 1 {
         println!("loadgen: no command given; nothing to measure.");
         println!(
-            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances> [flags]"
+            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|redis> [flags]"
         );
         println!("       cargo bench --bench loadgen -- help");
         return std::process::ExitCode::SUCCESS;
@@ -242,11 +249,12 @@ async fn execute(
         Command::StoreTrips(a) => store_trips(a).await,
         Command::Outage(a) => outage(a).await,
         Command::Instances(a) => instances(a).await,
+        Command::Redis(a) => redis_bench::run(a).await,
     }
 }
 
 /// Prints what every scenario prints: the tables, then any disturbance warning.
-fn print_runs(title: &str, runs: &[RunResult], with_store: bool) {
+pub(crate) fn print_runs(title: &str, runs: &[RunResult], with_store: bool) {
     println!("\n### {title}\n");
     print!("{}", report::throughput_table(runs));
     if with_store {
@@ -274,6 +282,7 @@ async fn run(a: RunArgs) -> Result<(), String> {
         targets: a.targets.clone(),
         emulator_control: a.emulator_control.clone(),
         store: a.store,
+        redis_url: a.redis_url.clone(),
         instances: a.instances,
         emulator_latency: a.emulator_latency,
         store_timeout: a.store_timeout,
