@@ -4,6 +4,7 @@
 
 use crate::breaker::BreakerConfig;
 use crate::clock::SharedClock;
+use crate::lease::LeaseOptions;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::{Limits, LimitsError};
 use crate::logging::LogFormat;
@@ -149,6 +150,27 @@ pub struct ServeArgs {
     /// How long the open breaker waits before probing the store again.
     #[arg(long, env = "RATELIMIT_BREAKER_COOLDOWN", default_value = "2s", value_parser = parse_duration)]
     pub breaker_cooldown: Duration,
+
+    /// Quota leases (remote stores): the most hits one instance reserves for a hot key in
+    /// one store write, then admits with no store call (source LEASE). 0 switches leases
+    /// off: every check then costs a store write.
+    #[arg(long, env = "RATELIMIT_LEASE_MAX_HITS", default_value_t = LeaseOptions::default().max_hits)]
+    pub lease_max_hits: u32,
+
+    /// A lease takes at most 1/N of what the store has left for the key (and none once
+    /// that is under 2 hits, so the last hits of a window are decided one by one).
+    #[arg(long, env = "RATELIMIT_LEASE_SHARE", default_value_t = LeaseOptions::default().share, value_parser = clap::value_parser!(u32).range(1..))]
+    pub lease_share: u32,
+
+    /// An unspent lease is given back to the store after the key has been quiet this long.
+    #[arg(long, env = "RATELIMIT_LEASE_IDLE", default_value = "250ms", value_parser = parse_duration)]
+    pub lease_idle: Duration,
+    /// How long a key known exhausted (and the store's cached count that denies it) is
+    /// believed without asking the store again; a Reset through another instance frees
+    /// the key here within about this long. Costs at most one store request per
+    /// exhausted key per instance per period.
+    #[arg(long, env = "RATELIMIT_DENY_TRUST", default_value = "1s", value_parser = parse_duration)]
+    pub deny_trust: Duration,
 
     /// Calls served at once; past it calls fail fast with RESOURCE_EXHAUSTED (load shedding).
     #[arg(long, env = "RATELIMIT_MAX_IN_FLIGHT", default_value_t = 2_048, value_parser = clap::value_parser!(u32).range(1..))]
@@ -307,9 +329,10 @@ pub async fn build_store(
         // The limiter's budget bounds each decision; this only stops a stuck request
         // from holding a connection for ever.
         request_timeout: args.store_timeout.max(Duration::from_secs(1)) * 2,
+        deny_trust: args.deny_trust,
         ..RtdbOptions::default()
     };
-    let store = RtdbStore::new(target, tokens, options)?;
+    let store = RtdbStore::new(target, tokens, options)?.with_clock(clock);
     tracing::info!(endpoint = %store.describe(), root = %args.rtdb_root, "using the RTDB store");
     Ok(Arc::new(store))
 }
@@ -328,6 +351,12 @@ pub async fn build_limiter(args: &ServeArgs, clock: SharedClock) -> Result<Limit
                 failures: args.breaker_failures,
                 cooldown: args.breaker_cooldown,
             },
+            lease: LeaseOptions {
+                max_hits: args.lease_max_hits,
+                share: args.lease_share,
+                idle: args.lease_idle,
+            },
+            deny_trust: args.deny_trust,
         },
     ))
 }
@@ -357,5 +386,6 @@ mod tests {
             Some("0.0.0.0:6000")
         );
         assert_eq!(args.store_timeout, Duration::from_millis(1_500));
+        assert_eq!(args.deny_trust, Duration::from_secs(1));
     }
 }

@@ -1,25 +1,52 @@
 //! The deny-until cache: once a key is known to be exhausted for window `w`, further
 //! checks in `w` are denied on this instance with no store call.
 //!
-//! Counts only grow within a window, so "exhausted in `w`" stays true until `w` ends
-//! (short of an admin `Reset`, which clears this instance's entry; other instances keep
-//! denying until the window ends, which errs on the safe side). This is what keeps an
-//! abusive caller from costing RTDB writes: 1,000 extra checks cost 0 requests.
+//! Counts only grow within a window, so "exhausted in `w`" would stay true until `w`
+//! ends, were it not for `Reset`: a Reset through another instance frees the key in the
+//! store, and this instance cannot hear of it. So an entry is **trusted for `trust`**
+//! (default [`DEFAULT_TRUST`], 1 s) after the store last said "exhausted"; then the next
+//! check asks the store again (for RTDB: one read, as the store's cached count is
+//! trusted no longer either), and a denial renews the entry. A Reset anywhere therefore
+//! frees the key everywhere within about `trust`, and an exhausted key costs at most one
+//! store request per `trust` per instance instead of one per check: 1,000 extra checks
+//! in a second cost 1 request. Time is the limiter's injected clock.
 
+use crate::clock::SharedClock;
 use crate::limits::Limit;
 use moka::sync::Cache;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How long "exhausted" is believed without asking the store again, by default.
+pub const DEFAULT_TRUST: Duration = Duration::from_secs(1);
 
 /// Entries kept at most; evicting one only costs one store call later.
 const CAPACITY: u64 = 1_000_000;
 
+/// When the store said a key was exhausted, and for which window.
+#[derive(Debug, Clone, Copy)]
+struct Exhausted {
+    window: i64,
+    /// Clock time (Unix ms) of the store's answer.
+    seen_ms: u64,
+}
+
 /// `(limit, key)` → the window in which the key is exhausted.
 pub struct DenyCache {
-    exhausted: Cache<(Arc<str>, Arc<str>), i64>,
+    exhausted: Cache<(Arc<str>, Arc<str>), Exhausted>,
+    clock: SharedClock,
+    trust_ms: u64,
 }
 
 impl Default for DenyCache {
     fn default() -> Self {
+        Self::new(crate::clock::system(), DEFAULT_TRUST)
+    }
+}
+
+impl DenyCache {
+    /// An empty cache whose entries are trusted for `trust` of `clock`'s time.
+    pub fn new(clock: SharedClock, trust: Duration) -> Self {
         Self {
             // Correctness comes from comparing windows; expiry only frees memory, so a
             // coarse idle timeout is enough (no per-entry deadline on moka's real clock).
@@ -27,22 +54,27 @@ impl Default for DenyCache {
                 .max_capacity(CAPACITY)
                 .time_to_idle(std::time::Duration::from_secs(3_600))
                 .build(),
+            clock,
+            trust_ms: u64::try_from(trust.as_millis()).unwrap_or(u64::MAX),
         }
     }
-}
 
-impl DenyCache {
-    /// True when `key` is known exhausted in `window` (or a later one).
+    /// True when `key` is known exhausted in `window` (or a later one), as the store said
+    /// less than the trust period ago.
     pub fn is_exhausted(&self, limit: &Limit, key: &str, window: i64) -> bool {
+        let now = self.clock.now_ms();
         self.exhausted
             .get(&(limit.name.clone(), Arc::from(key)))
-            .is_some_and(|w| w >= window)
+            .is_some_and(|e| e.window >= window && now.saturating_sub(e.seen_ms) < self.trust_ms)
     }
 
-    /// Records that `key` has no hits left in `window`.
+    /// Records that `key` has no hits left in `window`, as the store just said.
     pub fn mark(&self, limit: &Limit, key: &str, window: i64) {
-        self.exhausted
-            .insert((limit.name.clone(), Arc::from(key)), window);
+        let seen_ms = self.clock.now_ms();
+        self.exhausted.insert(
+            (limit.name.clone(), Arc::from(key)),
+            Exhausted { window, seen_ms },
+        );
     }
 
     /// Forgets `key` (after a reset).
@@ -55,11 +87,11 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use crate::clock::ManualClock;
 
     #[test]
     fn exhaustion_holds_for_its_window_only() {
-        let c = DenyCache::default();
+        let c = DenyCache::new(Arc::new(ManualClock::new(0)), DEFAULT_TRUST);
         let l = Limit::new("mcp", 1, Duration::from_secs(60));
         assert!(!c.is_exhausted(&l, "k", 5));
         c.mark(&l, "k", 5);
@@ -69,5 +101,19 @@ mod tests {
         assert!(!c.is_exhausted(&l, "other", 5));
         c.clear(&l, "k");
         assert!(!c.is_exhausted(&l, "k", 5));
+    }
+
+    #[test]
+    fn exhaustion_is_believed_for_the_trust_period_then_asked_again() {
+        let clock = ManualClock::new(0);
+        let c = DenyCache::new(Arc::new(clock.clone()), Duration::from_millis(1_000));
+        let l = Limit::new("signin", 5, Duration::from_secs(900));
+        c.mark(&l, "k", 5);
+        clock.advance(999);
+        assert!(c.is_exhausted(&l, "k", 5));
+        clock.advance(1);
+        assert!(!c.is_exhausted(&l, "k", 5), "the store is asked again");
+        c.mark(&l, "k", 5); // and still says exhausted
+        assert!(c.is_exhausted(&l, "k", 5));
     }
 }

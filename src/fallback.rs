@@ -11,6 +11,7 @@
 //!
 //! Every such decision says `shared = false`. The logging is aggregated (see
 //! [`FallbackLog`]): an outage at 1,000 checks/s must not write 1,000 lines a second.
+//! A line names a caller key only by its keyed hash (`logging::key_tag`).
 
 use crate::clock::SharedClock;
 use crate::limiter::{Decision, Source};
@@ -104,14 +105,14 @@ impl Fallback {
                 },
             ),
         };
-        self.log.record(limit, error, decision.allowed);
+        self.log.record(limit, key, error, decision.allowed);
         crate::metrics::fallback(&limit.name, error.kind());
         decision
     }
 
     /// Reports `key`'s local window without counting, after `error`.
     pub fn peek(&self, limit: &Limit, key: &str, error: &StoreError) -> Decision {
-        tracing::debug!(limit = %limit.name, reason = error.kind(), "peek answered from the local window");
+        tracing::debug!(limit = %limit.name, key = %crate::logging::key_tag(key), reason = error.kind(), "peek answered from the local window");
         self.local.peek(limit, key, Source::LocalFallback)
     }
 
@@ -158,7 +159,7 @@ pub struct FallbackLog {
 }
 
 impl FallbackLog {
-    fn record(&self, limit: &Limit, error: &StoreError, allowed: bool) {
+    fn record(&self, limit: &Limit, caller_key: &str, error: &StoreError, allowed: bool) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let since = *state.since.get_or_insert(now);
@@ -173,8 +174,10 @@ impl FallbackLog {
         }
         if first {
             state.lines += 1;
+            // The key only as its keyed hash: keys are personal data (`logging::key_tag`).
             tracing::warn!(
                 limit = %limit.name,
+                key = %crate::logging::key_tag(caller_key),
                 reason = error.kind(),
                 error = %error,
                 policy = %limit.on_store_failure,

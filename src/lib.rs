@@ -11,8 +11,9 @@
 //! - [`limits`]: named limits from a TOML file, validated at startup.
 //! - [`window`], [`clock`]: fixed-window arithmetic and the injectable clock.
 //! - [`limiter`]: the decision path, top to bottom; no gRPC in it.
-//! - [`coalesce`], [`deny_cache`]: what stands in front of a remote store (per-key
-//!   single flight and batching; exhausted keys denied without a call).
+//! - [`coalesce`], [`lease`], [`deny_cache`]: what stands in front of a remote store
+//!   (per-key single flight and batching; quota leases for hot keys; exhausted keys
+//!   denied without a call).
 //! - [`breaker`]: the circuit breaker that stops calling a failing store.
 //! - [`fallback`]: what happens when the store cannot answer (per-limit policy).
 //! - [`store`]: the [`store::CounterStore`] trait and its backends
@@ -33,6 +34,7 @@ pub mod coalesce;
 pub mod config;
 pub mod deny_cache;
 pub mod fallback;
+pub mod lease;
 pub mod limiter;
 pub mod limits;
 pub mod logging;

@@ -5,8 +5,15 @@
 //! bearer tokens go only into request headers, and the HTTP/2 and HTTP client crates are
 //! capped at `info` so their trace output (which can include header blocks) never turns on
 //! with the service's own verbosity.
+//!
+//! Caller keys are personal data (e-mails, IPs): a line at `info` or above names a key
+//! only by [`key_tag`], a keyed hash that groups the lines about one key within this
+//! process and means nothing outside it. Store errors carry no URLs (reqwest errors are
+//! stripped of theirs) and name RTDB nodes by the limit and the key's tag.
 
 use clap::ValueEnum;
+use ring::hmac;
+use std::sync::OnceLock;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -63,5 +70,48 @@ pub fn init(format: LogFormat, spec: &str) {
     };
     if let Err(e) = result {
         eprintln!("warning: logging already initialised: {e}");
+    }
+}
+
+/// Hex digits of a [`key_tag`]: 48 bits, enough to tell a process's keys apart in logs.
+const TAG_HEX: usize = 12;
+
+/// A short keyed hash of a caller key for log lines: HMAC-SHA256 under a random key
+/// drawn once per process, truncated. Stable within the process (lines about one key
+/// can be grouped), unlinkable across processes and not reversible by guessing keys
+/// (an e-mail's plain hash would be).
+pub fn key_tag(key: &str) -> String {
+    static SECRET: OnceLock<hmac::Key> = OnceLock::new();
+    let secret = SECRET.get_or_init(|| {
+        hmac::Key::generate(hmac::HMAC_SHA256, &ring::rand::SystemRandom::new()).unwrap_or_else(
+            |_| {
+                // No OS randomness (never seen): fastrand's seed is still per process.
+                let bytes: Vec<u8> = std::iter::repeat_with(|| fastrand::u8(..))
+                    .take(32)
+                    .collect();
+                hmac::Key::new(hmac::HMAC_SHA256, &bytes)
+            },
+        )
+    });
+    let tag = hmac::sign(secret, key.as_bytes());
+    tag.as_ref()
+        .iter()
+        .take(TAG_HEX / 2)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_tags_are_short_stable_and_distinct() {
+        let a = key_tag("alice@example.com");
+        assert_eq!(a.len(), TAG_HEX);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(a, key_tag("alice@example.com"));
+        assert_ne!(a, key_tag("bob@example.com"));
+        assert!(!a.contains("alice"));
     }
 }

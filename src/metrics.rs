@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | `ratelimit_decisions_total` | counter | `limit`, `outcome` (allowed/denied), `source` |
 //! | `ratelimit_fallbacks_total` | counter | `limit`, `reason` (a store error kind) |
+//! | `ratelimit_contention_denials_total` | counter | `limit`: checks denied because every write they had time for lost a race (the store was answering) |
 //! | `ratelimit_store_request_duration_seconds` | histogram | `op` (HTTP method), `status` |
 //! | `ratelimit_store_errors_total` | counter | `kind` |
 //! | `ratelimit_breaker_state` | gauge | 0 closed, 1 half-open, 2 open |
@@ -26,6 +27,7 @@ use std::time::Duration;
 
 const DECISIONS: &str = "ratelimit_decisions_total";
 const FALLBACKS: &str = "ratelimit_fallbacks_total";
+const CONTENTION_DENIALS: &str = "ratelimit_contention_denials_total";
 const STORE_DURATION: &str = "ratelimit_store_request_duration_seconds";
 const STORE_ERRORS: &str = "ratelimit_store_errors_total";
 const BREAKER_STATE: &str = "ratelimit_breaker_state";
@@ -104,6 +106,11 @@ pub fn decision(d: &Decision) {
 /// Counts one fallback decision.
 pub fn fallback(limit: &str, reason: &'static str) {
     counter!(FALLBACKS, "limit" => limit.to_owned(), "reason" => reason).increment(1);
+}
+
+/// Counts one check denied for contention (not a fallback: the store was answering).
+pub fn contention_denied(limit: &str) {
+    counter!(CONTENTION_DENIALS, "limit" => limit.to_owned()).increment(1);
 }
 
 /// Records one store HTTP request's duration.

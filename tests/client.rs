@@ -100,7 +100,8 @@ fn start_on(limits: Limits, clock: &ManualClock, addr: SocketAddr) -> Service {
         Arc::new(clock.clone()),
         LimiterOptions::default(),
     ));
-    let server = Running::start(limiter, None, addr).expect("server starts");
+    let admin = ratelimit::server::admin::AdminToken::new("admin-token");
+    let server = Running::start(limiter, admin, addr).expect("server starts");
     Service {
         server,
         clock: clock.clone(),
@@ -545,18 +546,70 @@ async fn a_refused_key_is_refused_locally_until_retry_after_with_no_rpc() {
     assert!(client.check("t", "other", 1).await.expect("check").allowed);
     assert_eq!(svc.admits(), 5, "other keys still ask");
 
-    svc.clock.advance(49_500);
-    let d = client.check("t", "k", 1).await.expect("check");
+    // A refusal is believed for a second at most (a Reset elsewhere may have freed the
+    // key): then one RPC asks again, and the service's answer is believed again.
+    svc.clock.advance(999);
     assert_eq!(
-        (d.source, d.retry_after),
-        (Source::DenyCache, Some(Duration::from_secs(1)))
+        client.check("t", "k", 1).await.expect("check").source,
+        Source::DenyCache
     );
     assert_eq!(svc.admits(), 5);
+    svc.clock.advance(1);
+    let d = client.check("t", "k", 1).await.expect("check");
+    assert_eq!((d.allowed, d.source), (false, Source::Store));
+    assert_eq!(svc.admits(), 6, "one RPC after the trust period");
+    for _ in 0..20 {
+        assert_eq!(
+            client.check("t", "k", 1).await.expect("check").source,
+            Source::DenyCache
+        );
+    }
+    assert_eq!(svc.admits(), 6);
 
-    svc.clock.advance(500); // retry_after has passed: a new window
+    svc.clock.advance(49_000); // retry_after has passed: a new window
     let d = client.check("t", "k", 1).await.expect("check");
     assert_eq!((d.allowed, d.source, d.remaining), (true, Source::Store, 2));
-    assert_eq!(svc.admits(), 6);
+    assert_eq!(svc.admits(), 7);
+}
+
+#[tokio::test]
+async fn a_reset_through_the_client_clears_its_refusal_at_once() {
+    let svc = start(limits(T3));
+    let client = svc
+        .client()
+        .learn_limits(false)
+        .admin_token("admin-token")
+        .build()
+        .expect("client");
+    for _ in 0..4 {
+        client.check("t", "k", 1).await.expect("check");
+    }
+    let d = client.check("t", "k", 1).await.expect("check");
+    assert_eq!((d.allowed, d.source), (false, Source::DenyCache));
+    let out = client.reset("t", "k").await.expect("reset");
+    assert!(out.shared, "{out:?}");
+    assert_eq!(&*out.limit_name, "t");
+    let d = client.check("t", "k", 1).await.expect("check");
+    assert_eq!((d.allowed, d.source, d.remaining), (true, Source::Store, 2));
+    assert_eq!(svc.admits(), 5, "four checks, then one after the reset");
+
+    let wrong = svc
+        .client()
+        .learn_limits(false)
+        .admin_token("not-the-token")
+        .build()
+        .expect("client");
+    match wrong.reset("t", "k").await {
+        Err(ClientError::Refused(m)) => {
+            assert!(m.contains("admin token"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let none = svc.client().learn_limits(false).build().expect("client");
+    assert!(matches!(
+        none.reset("t", "k").await,
+        Err(ClientError::Config(_))
+    ));
 }
 
 #[tokio::test]

@@ -20,6 +20,7 @@ fn opts(failures: u32, cooldown_ms: u64) -> LimiterOptions {
             failures,
             cooldown: Duration::from_millis(cooldown_ms),
         },
+        ..LimiterOptions::default()
     }
 }
 
@@ -65,7 +66,16 @@ async fn slow_store_answers_within_budget_then_the_breaker_stops_calling_then_re
         assert!(r.allowed && !r.shared, "{r:?}");
         assert_eq!(r.source(), Source::LocalFallback);
     }
-    assert_eq!(h.limiter.breaker_state(), Some(State::Open));
+    // The store calls time out on their own timer (the store's, not the callers'), which
+    // started a moment after the callers' equal budgets: the breaker opens a moment later.
+    let answered = Instant::now();
+    while h.limiter.breaker_state() != Some(State::Open) {
+        assert!(
+            answered.elapsed() < Duration::from_secs(1),
+            "breaker still closed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     // 2. Open breaker: 200 more checks answer at once and barely reach the store.
     let before = emu.stats().received;
@@ -246,4 +256,120 @@ async fn connection_refused_falls_back_at_once() {
             "no waiting on a refused connection: {took:?}"
         );
     }
+}
+
+/// `message` with a gRPC deadline of `ms`.
+fn with_deadline<T>(message: T, ms: u64) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.set_timeout(Duration::from_millis(ms));
+    r
+}
+
+/// The answer's `shared`, or `None` when the caller's own deadline passed first (on a
+/// loaded machine 10 ms can run out on the way); any other error fails the test.
+fn shared_or_late<T>(
+    r: Result<tonic::Response<T>, tonic::Status>,
+    shared: fn(&T) -> bool,
+) -> Option<bool> {
+    match r {
+        Ok(r) => Some(shared(r.get_ref())),
+        Err(s)
+            if matches!(
+                s.code(),
+                tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ) =>
+        {
+            None
+        }
+        Err(s) => panic!("{s:?}"),
+    }
+}
+
+#[tokio::test]
+async fn callers_with_short_deadlines_cannot_open_the_breaker() {
+    use ratelimit::pb::{PeekRequest, ResetRequest};
+    let emu = rtdb::emulator().await;
+    emu.faults().set_latency(Duration::from_millis(5));
+    let h = rtdb::instance(
+        &emu,
+        Limits::builtin(),
+        ManualClock::new(T0),
+        opts(5, 60_000),
+    )
+    .await;
+    let mut c = h.client.clone();
+    // 10 ms leaves no store budget (50 ms margin); 52 ms leaves 2 ms, less than one round
+    // trip, so those calls are in flight when their callers stop waiting.
+    for ms in [10, 52] {
+        for i in 0..100 {
+            let key = format!("short-{}", i % 10);
+            let peek = PeekRequest {
+                key: key.clone(),
+                limit: String::new(),
+            };
+            let p = c.peek(with_deadline(peek, ms)).await;
+            assert_ne!(shared_or_late(p, |p| p.shared), Some(true));
+            let r = c.check(with_deadline(req("", &key, 1), ms)).await;
+            // Shared only from this instance's lease (hits an abandoned write counted,
+            // kept rather than lost; no store call); never refused.
+            assert_ne!(
+                shared_or_late(r, |r| (r.shared && r.source() != Source::Lease)
+                    || !r.allowed),
+                Some(true),
+                "{ms} ms"
+            );
+        }
+        for i in 0..20 {
+            let mut reset = with_deadline(
+                ResetRequest {
+                    key: format!("short-{i}"),
+                    limit: String::new(),
+                },
+                ms,
+            );
+            reset.metadata_mut().insert(
+                "authorization",
+                "Bearer admin-token".parse().expect("ascii"),
+            );
+            let r = c.reset(reset).await;
+            assert_ne!(shared_or_late(r, |r| r.shared), Some(true));
+        }
+        assert_eq!(h.limiter.breaker_state(), Some(State::Closed), "{ms} ms");
+    }
+    // Let the abandoned calls land, then a caller with no deadline is shared at once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = c
+        .check(req("", "patient", 1))
+        .await
+        .expect("check")
+        .into_inner();
+    assert!(r.shared, "{r:?}");
+    assert_eq!(r.source(), Source::Store);
+    assert_eq!(h.limiter.breaker_state(), Some(State::Closed));
+    let s = emu.stats();
+    eprintln!("measured: 440 short-deadline calls + 1 -> {s:?}");
+    assert_eq!(s.status(503) + s.dropped, 0, "{s:?}");
+}
+
+#[tokio::test]
+async fn a_key_the_store_refuses_with_400_fails_open_alone() {
+    let emu = rtdb::emulator().await;
+    emu.faults().set_path_error("/rateLimits/mcp/poison", 400);
+    let h = rtdb::instance(
+        &emu,
+        Limits::builtin(),
+        ManualClock::new(T0),
+        opts(5, 60_000),
+    )
+    .await;
+    for i in 0..50 {
+        let (r, _) = timed_check(&h, "", "poison").await;
+        assert!(r.allowed && !r.shared, "check {i}: {r:?}");
+        assert_eq!(r.source(), Source::LocalFallback);
+    }
+    assert_eq!(emu.stats().status(400), 50, "every check asked the store");
+    assert_eq!(h.limiter.breaker_state(), Some(State::Closed));
+    let (r, _) = timed_check(&h, "", "healthy").await;
+    assert!(r.allowed && r.shared, "{r:?}");
+    assert_eq!(r.source(), Source::Store);
 }

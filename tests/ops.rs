@@ -443,3 +443,131 @@ async fn past_the_concurrency_limit_calls_fail_fast_with_resource_exhausted() {
         Some(8.0)
     );
 }
+
+#[tokio::test]
+async fn no_caller_key_appears_in_the_log_at_info_while_the_store_fails() {
+    let emu = emulator().await;
+    let p = Proc::start(
+        &[
+            "--log-format",
+            "json",
+            "--log",
+            "info",
+            "--database-url",
+            DB_URL,
+            "--store-timeout",
+            "300ms",
+            // Never open: every check below reaches the failing store.
+            "--breaker-failures",
+            "1000000",
+        ],
+        &[
+            ("RATELIMIT_ADMIN_TOKEN", "admin-token"),
+            ("FIREBASE_DATABASE_EMULATOR_HOST", &emu.host()),
+        ],
+    )
+    .await;
+    let mut c = p.client().await;
+    let email = "wonderland.alice@example.com";
+    let check = |key: &str| req("", key, 1);
+    assert!(
+        c.check(check(email))
+            .await
+            .expect("check")
+            .into_inner()
+            .shared
+    );
+    let node = emu
+        .value(common::rtdb::NS, "rateLimits/mcp")
+        .as_object()
+        .and_then(|o| o.keys().next().cloned())
+        .expect("the key's node");
+
+    // Every way the store can fail, each with e-mail keys: 503s, dropped connections
+    // (reqwest errors carry the URL), a 400 for the key's path, a timeout, a node this
+    // service did not write; then a Reset and a Peek while it fails.
+    let faults = emu.faults();
+    faults.set_error(503, 1.0);
+    assert!(
+        !c.check(check(email))
+            .await
+            .expect("check")
+            .into_inner()
+            .shared
+    );
+    faults.clear();
+    faults.set_drop(1.0);
+    assert!(
+        !c.check(check(email))
+            .await
+            .expect("check")
+            .into_inner()
+            .shared
+    );
+    faults.clear();
+    faults.set_path_error("wonderland", 400);
+    assert!(
+        !c.check(check(email))
+            .await
+            .expect("check")
+            .into_inner()
+            .shared
+    );
+    faults.clear();
+    faults.set_latency(Duration::from_millis(600));
+    assert!(
+        !c.check(check("queen.of.hearts@example.com"))
+            .await
+            .expect("check")
+            .into_inner()
+            .shared
+    );
+    faults.clear();
+    emu.set_value(
+        common::rtdb::NS,
+        &format!("rateLimits/mcp/{node}"),
+        serde_json::json!("not a counter"),
+    );
+    assert!(
+        !c.check(check(email))
+            .await
+            .expect("check")
+            .into_inner()
+            .shared
+    );
+    faults.set_drop(1.0);
+    let mut reset = tonic::Request::new(ResetRequest {
+        key: email.into(),
+        limit: String::new(),
+    });
+    reset.metadata_mut().insert(
+        "authorization",
+        "Bearer admin-token".parse().expect("ascii"),
+    );
+    assert!(!c.reset(reset).await.expect("reset").into_inner().shared);
+    let peek = ratelimit::pb::PeekRequest {
+        key: email.into(),
+        limit: String::new(),
+    };
+    assert!(!c.peek(peek).await.expect("peek").into_inner().shared);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let out = p.output();
+    let warnings = out
+        .lines()
+        .filter(|l| l.contains("\"WARNING\"") || l.contains("\"ERROR\""))
+        .count();
+    assert!(warnings >= 5, "the failures were logged:\n{out}");
+    for needle in ["wonderland", "queen", "example.com", "example%2E", "hearts"] {
+        let leaks: Vec<&str> = out.lines().filter(|l| l.contains(needle)).collect();
+        assert!(
+            leaks.is_empty(),
+            "{needle:?} in the log:\n{}",
+            leaks.join("\n")
+        );
+    }
+    assert!(
+        out.contains("key:"),
+        "nodes are named by the key's tag:\n{out}"
+    );
+}

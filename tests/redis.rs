@@ -572,3 +572,47 @@ mod keys {
         }
     }
 }
+
+#[tokio::test]
+async fn a_reset_through_one_instance_frees_the_key_on_another_after_the_deny_trust() {
+    let redis = RedisServer::start(&[]).await;
+    let clock = ManualClock::new(T0);
+    let signin = common::limits(
+        "[[limit]]\nname = \"signin\"\nrequests = 5\nwindow = \"15m\"\ndefault = true\n",
+    );
+    let mut a = redis.instance(signin.clone(), clock.clone(), opts()).await;
+    let mut b = redis.instance(signin, clock.clone(), opts()).await;
+    let user = "alice@example.com";
+    for i in 0..5 {
+        let r = b.check("signin", user).await;
+        assert!(r.allowed && r.shared, "attempt {i}: {r:?}");
+    }
+    let r = b.check("signin", user).await;
+    assert_eq!((r.allowed, r.source()), (false, Source::DenyCache));
+    let mut reset = tonic::Request::new(ResetRequest {
+        key: user.into(),
+        limit: "signin".into(),
+    });
+    reset.metadata_mut().insert(
+        "authorization",
+        "Bearer admin-token".parse().expect("ascii"),
+    );
+    assert!(
+        a.client
+            .reset(reset)
+            .await
+            .expect("reset")
+            .into_inner()
+            .shared
+    );
+    // B trusted its cached denial for --deny-trust (1 s); then it asks Redis again.
+    clock.advance(1_100);
+    let r = b.check("signin", user).await;
+    assert_eq!(
+        (r.allowed, r.shared, r.source(), r.remaining),
+        (true, true, Source::Store, 4),
+        "{r:?}"
+    );
+    let r = a.check("signin", user).await;
+    assert_eq!((r.allowed, r.remaining), (true, 3), "{r:?}");
+}

@@ -24,6 +24,7 @@ fn opts() -> LimiterOptions {
             failures: 5,
             cooldown: Duration::from_millis(1_000),
         },
+        ..LimiterOptions::default()
     }
 }
 

@@ -464,24 +464,32 @@ async fn a_412_is_retried_from_its_body_and_tag_without_a_read() {
 }
 
 #[tokio::test]
-async fn running_out_of_attempts_is_contention_and_falls_back() {
+async fn running_out_of_attempts_is_contention_and_is_retried_not_fallen_back() {
+    // Contention is not an outage (DESIGN §9): a store call that ran out of attempts is
+    // retried from the last 412's value and tag while the check's budget allows, and never
+    // sent to the local window.
     let emu = rtdb::emulator().await;
     let limiter = stale_tag_limiter(&emu, 1).await;
     let d = limiter.check("", "raced", 1, None).await.expect("ok");
-    assert!(d.allowed && !d.shared, "{d:?}");
-    assert_eq!(d.source, ratelimit::limiter::Source::LocalFallback);
-    assert_eq!(emu.stats().status(412), 1);
+    assert!(d.allowed && d.shared, "{d:?}");
+    assert_eq!(d.source, ratelimit::limiter::Source::Store);
+    assert_eq!(
+        d.remaining,
+        120 - 11,
+        "counted on top of the other writer's 10"
+    );
+    let s = emu.stats();
+    assert_eq!(
+        (s.method("GET"), s.method("PUT"), s.status(412)),
+        (0, 2, 1),
+        "the retry starts from the 412's body and tag: {s:?}"
+    );
     assert_eq!(
         emu.value(NS, "rateLimits/mcp/raced"),
-        json!({ W.to_string(): 10 }),
-        "nothing written"
+        json!({ W.to_string(): 11 })
     );
-    // Contention says nothing bad about the store: the breaker stays closed and the next
-    // check (cache dropped: one read, one write) is shared again.
     assert_eq!(
         limiter.breaker_state(),
         Some(ratelimit::breaker::State::Closed)
     );
-    let d = limiter.check("", "raced", 1, None).await.expect("ok");
-    assert_eq!((d.shared, d.remaining), (true, 109));
 }

@@ -13,6 +13,7 @@
 use crate::report::CpuSampler;
 use ratelimit::breaker::{BreakerConfig, State};
 use ratelimit::clock;
+use ratelimit::lease::LeaseOptions;
 use ratelimit::limiter::{Limiter, LimiterOptions};
 use ratelimit::limits::Limits;
 use ratelimit::pb::rate_limiter_client::RateLimiterClient;
@@ -69,6 +70,8 @@ pub struct EnvSpec {
     pub redis_url: Option<String>,
     pub store_timeout: Duration,
     pub breaker: BreakerConfig,
+    /// Quota leases of the in-process instances (`LeaseOptions::OFF` to compare).
+    pub lease: LeaseOptions,
     /// Accept connections with Nagle's algorithm on (TCP_NODELAY off), as the service
     /// did before BENCHMARKS.md §7: reproduces the "before" numbers.
     pub server_nagle: bool,
@@ -85,6 +88,7 @@ impl Default for EnvSpec {
             redis_url: None,
             store_timeout: LimiterOptions::default().store_timeout,
             breaker: BreakerConfig::default(),
+            lease: LeaseOptions::default(),
             server_nagle: false,
         }
     }
@@ -218,6 +222,8 @@ impl Env {
                 LimiterOptions {
                     store_timeout: spec.store_timeout,
                     breaker: spec.breaker,
+                    lease: spec.lease,
+                    ..LimiterOptions::default()
                 },
             ));
             let addr = "127.0.0.1:0".parse().map_err(|e| format!("addr: {e}"))?;

@@ -12,6 +12,7 @@
 //! each (default `min(clients, 4 × instances)`), the calls multiplexed as streams.
 
 mod engine;
+mod leases;
 mod redis_bench;
 mod report;
 
@@ -19,6 +20,7 @@ use clap::{Args, Parser, Subcommand};
 use engine::{Env, EnvSpec, RunResult, RunSpec, StoreKind};
 use ratelimit::breaker::BreakerConfig;
 use ratelimit::config::parse_duration;
+use ratelimit::lease::LeaseOptions;
 use std::time::Duration;
 
 #[derive(Debug, Parser)]
@@ -55,7 +57,10 @@ enum Command {
     Outage(OutageArgs),
     /// Scenario (d): 3 instances on one emulator; throughput and the exact admitted count.
     Instances(InstancesArgs),
-    /// Scenario (e): memory, RTDB (emulator) and Redis side by side, 1 and 3 instances;
+    /// Scenario (e): quota leases on and off: a hot key on 16 instances at +60 ms, and
+    /// 1,000 keys on 3 instances; writes per admitted check, latency, exactness.
+    Leases(leases::LeaseArgs),
+    /// Scenario (f): memory, RTDB (emulator) and Redis side by side, 1 and 3 instances;
     /// Redis commands per check from INFO commandstats.
     Redis(redis_bench::RedisArgs),
 }
@@ -91,6 +96,9 @@ struct RunArgs {
     /// In-process limiter: breaker cool-down.
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     breaker_cooldown: Duration,
+    /// In-process limiter: most hits one quota lease reserves (0: leases off).
+    #[arg(long, default_value_t = LeaseOptions::default().max_hits)]
+    lease_max_hits: u32,
     /// Concurrent client tasks (each has one check in flight at a time).
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
@@ -201,7 +209,7 @@ fn main() -> std::process::ExitCode {
     if args.len() <= 1 {
         println!("loadgen: no command given; nothing to measure.");
         println!(
-            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|redis> [flags]"
+            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|leases|redis> [flags]"
         );
         println!("       cargo bench --bench loadgen -- help");
         return std::process::ExitCode::SUCCESS;
@@ -249,6 +257,7 @@ async fn execute(
         Command::StoreTrips(a) => store_trips(a).await,
         Command::Outage(a) => outage(a).await,
         Command::Instances(a) => instances(a).await,
+        Command::Leases(a) => leases::leases(a).await,
         Command::Redis(a) => redis_bench::run(a).await,
     }
 }
@@ -289,6 +298,10 @@ async fn run(a: RunArgs) -> Result<(), String> {
         breaker: BreakerConfig {
             failures: a.breaker_failures.max(1),
             cooldown: a.breaker_cooldown,
+        },
+        lease: LeaseOptions {
+            max_hits: a.lease_max_hits,
+            ..LeaseOptions::default()
         },
         server_nagle: a.server_nagle,
     })

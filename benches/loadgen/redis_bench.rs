@@ -1,4 +1,4 @@
-//! Scenario (e): the Redis store beside the memory and RTDB stores, in one run.
+//! Scenario (f): the Redis store beside the memory and RTDB stores, in one run.
 //!
 //! One and three in-process instances, the same clients and keys as the memory (§1) and
 //! three-instance RTDB (§4) rows, each store in turn; the RTDB store over the in-process
@@ -178,8 +178,8 @@ pub async fn run(a: RedisArgs) -> Result<(), String> {
             env.stop().await;
         }
     }
-    crate::print_runs("(e) memory, RTDB and Redis side by side", &runs, false);
-    println!("\n### (e) Redis commands per check (INFO commandstats, measured phase only)\n");
+    crate::print_runs("(f) memory, RTDB and Redis side by side", &runs, false);
+    println!("\n### (f) Redis commands per check (INFO commandstats, measured phase only)\n");
     println!(
         "| run | checks | EVALSHA | EVALSHA per check | GET / SET inside the script | other commands |"
     );

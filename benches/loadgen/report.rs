@@ -159,8 +159,8 @@ pub fn throughput_table(runs: &[RunResult]) -> String {
 /// Store requests per check against the ADR's baseline of a read plus a write per check.
 pub fn store_table(runs: &[RunResult]) -> String {
     let mut t = String::from(
-        "| run | checks | allowed | denied | from deny cache | emulator requests (GET / PUT / 412) | successful writes | requests per check | writes per admitted | ADR baseline: 2 per check | ours vs baseline |\n\
-         |---|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|\n",
+        "| run | checks | allowed | denied | from deny cache | from lease | emulator requests (GET / PUT / 412) | successful writes | requests per check | writes per admitted | PUTs per admitted | ADR baseline: 2 per check | ours vs baseline |\n\
+         |---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|\n",
     );
     for r in runs {
         let Some(s) = &r.store else { continue };
@@ -168,12 +168,13 @@ pub fn store_table(runs: &[RunResult]) -> String {
         let baseline = 2 * checks;
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} ({} / {} / {}) | {} | {:.3} | {} | {} | {:.1} % |",
+            "| {} | {} | {} | {} | {} | {} | {} ({} / {} / {}) | {} | {:.3} | {} | {} | {} | {:.1} % |",
             r.spec.label,
             checks,
             r.allowed(),
             r.denied(),
             r.by_source(Source::DenyCache),
+            r.by_source(Source::Lease),
             s.requests,
             s.gets,
             s.puts,
@@ -183,6 +184,10 @@ pub fn store_table(runs: &[RunResult]) -> String {
             match r.allowed() {
                 0 => "–".to_owned(),
                 a => format!("{:.3}", s.writes as f64 / a as f64),
+            },
+            match r.allowed() {
+                0 => "–".to_owned(),
+                a => format!("{:.3}", s.puts as f64 / a as f64),
             },
             baseline,
             100.0 * s.requests as f64 / baseline.max(1) as f64,

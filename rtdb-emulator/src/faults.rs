@@ -4,6 +4,11 @@
 //! callers directly, the standalone binary through `POST /.emulator/faults`), so a test can
 //! change faults while requests are in flight. Each request takes one snapshot of the
 //! configuration when it arrives ([`Faults::plan`]), so a change never splits a request.
+//!
+//! Most faults hit a random fraction of all requests (an unhealthy store); a
+//! [`PathError`] hits every request to matching paths and nothing else (one key's data
+//! the store refuses, such as a `400`), so a test can tell "the store is failing" from
+//! "this request is bad".
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -28,6 +33,19 @@ pub struct FaultConfig {
     /// Fraction of requests that are applied and whose connection is then closed without
     /// any response: "the write happened, the response was lost".
     pub drop_after_apply_fraction: f64,
+    /// Every request whose URL path contains a rule's `contains` is answered with that
+    /// rule's status (the first rule that matches), without being applied.
+    pub path_errors: Vec<PathError>,
+}
+
+/// A status answered to every request for some paths (see [`FaultConfig::path_errors`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathError {
+    /// Matched against the request's URL path as sent (percent-encoded, with `.json`).
+    pub contains: String,
+    /// The status to answer, 100–599.
+    pub status: u16,
 }
 
 impl Default for FaultConfig {
@@ -39,6 +57,7 @@ impl Default for FaultConfig {
             error_fraction: 0.0,
             drop_fraction: 0.0,
             drop_after_apply_fraction: 0.0,
+            path_errors: Vec::new(),
         }
     }
 }
@@ -55,8 +74,12 @@ pub enum FaultError {
 impl FaultConfig {
     /// Rejects values the server could not honour, so a typo fails loudly over HTTP.
     pub fn validate(&self) -> Result<(), FaultError> {
-        if !(100..=599).contains(&self.error_status) {
-            return Err(FaultError::Status(self.error_status));
+        let statuses =
+            std::iter::once(self.error_status).chain(self.path_errors.iter().map(|p| p.status));
+        for status in statuses {
+            if !(100..=599).contains(&status) {
+                return Err(FaultError::Status(status));
+            }
         }
         for (name, f) in [
             ("error_fraction", self.error_fraction),
@@ -144,6 +167,20 @@ impl Faults {
         self.lock().drop_after_apply_fraction = self::fraction(fraction);
     }
 
+    /// Answers every request whose URL path contains `contains` with `status` (added to
+    /// any earlier rules). A status outside 100–599 is replaced by 500.
+    pub fn set_path_error(&self, contains: &str, status: u16) {
+        let status = if (100..=599).contains(&status) {
+            status
+        } else {
+            500
+        };
+        self.lock().path_errors.push(PathError {
+            contains: contains.to_owned(),
+            status,
+        });
+    }
+
     /// Turns every fault off.
     pub fn clear(&self) {
         *self.lock() = FaultConfig::default();
@@ -161,11 +198,19 @@ impl Faults {
         Ok(())
     }
 
-    pub(crate) fn plan(&self) -> Plan {
+    /// What to do with a request for `path` (the URL path as sent).
+    pub(crate) fn plan(&self, path: &str) -> Plan {
         let cfg = self.config();
         let roll = |f: f64| f > 0.0 && fastrand::f64() < f;
+        let for_path = cfg
+            .path_errors
+            .iter()
+            .find(|p| path.contains(&p.contains))
+            .map(|p| p.status);
         let action = if roll(cfg.drop_fraction) {
             Action::Drop
+        } else if let Some(status) = for_path {
+            Action::Error(status)
         } else if roll(cfg.error_fraction) {
             Action::Error(cfg.error_status)
         } else {
@@ -187,24 +232,45 @@ mod tests {
     #[test]
     fn setters_clamp_and_plan_follows() {
         let f = Faults::default();
-        assert_eq!(f.plan().action, Action::Proceed);
+        assert_eq!(f.plan("/k.json").action, Action::Proceed);
         f.set_error(503, 1.0);
-        assert_eq!(f.plan().action, Action::Error(503));
+        assert_eq!(f.plan("/k.json").action, Action::Error(503));
         f.set_drop(7.0);
         assert_eq!(f.config().drop_fraction, 1.0);
-        assert_eq!(f.plan().action, Action::Drop);
+        assert_eq!(f.plan("/k.json").action, Action::Drop);
         f.set_drop(f64::NAN);
         f.set_error(42, 1.0);
-        assert_eq!(f.plan().action, Action::Error(500));
+        assert_eq!(f.plan("/k.json").action, Action::Error(500));
         f.set_latency(Duration::from_millis(15));
         f.set_response_latency(Duration::from_millis(5));
         f.set_drop_after_apply(1.0);
-        let plan = f.plan();
+        let plan = f.plan("/k.json");
         assert_eq!(plan.latency, Duration::from_millis(15));
         assert_eq!(plan.response_latency, Duration::from_millis(5));
         assert!(plan.drop_after_apply);
         f.clear();
         assert_eq!(f.config(), FaultConfig::default());
+    }
+
+    #[test]
+    fn a_path_error_hits_matching_paths_only() {
+        let f = Faults::default();
+        f.set_path_error("/rateLimits/mcp/poison", 400);
+        f.set_path_error("/other", 1_000);
+        assert_eq!(
+            f.plan("/rateLimits/mcp/poison.json").action,
+            Action::Error(400)
+        );
+        assert_eq!(f.plan("/rateLimits/mcp/fine.json").action, Action::Proceed);
+        assert_eq!(f.plan("/other.json").action, Action::Error(500));
+        let json: FaultConfig =
+            serde_json::from_str(r#"{"path_errors": [{"contains": "/x", "status": 99}]}"#).unwrap();
+        assert_eq!(json.validate(), Err(FaultError::Status(99)));
+        f.clear();
+        assert_eq!(
+            f.plan("/rateLimits/mcp/poison.json").action,
+            Action::Proceed
+        );
     }
 
     #[test]

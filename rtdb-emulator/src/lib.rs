@@ -21,7 +21,9 @@
 //!   are refused with 400 rather than ignored, so a client bug cannot pass silently.
 //! - Priorities are not modelled (`.priority` is dropped, `.value` unwrapped).
 //!
-//! Faults and counters: [`Emulator::faults`] / [`Emulator::stats`] in-process, or over
+//! Faults (latency, error statuses, dropped connections for a fraction of requests; an
+//! error status for every request to matching paths, [`PathError`]) and counters:
+//! [`Emulator::faults`] / [`Emulator::stats`] in-process, or over
 //! HTTP for the standalone binary (`GET /.emulator/stats`, `POST /.emulator/stats/reset`,
 //! `GET|POST|PUT|DELETE /.emulator/faults` with a [`FaultConfig`] JSON body; see the
 //! `control` module). Control requests are neither faulted nor counted.
@@ -61,7 +63,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use db::DEFAULT_NAMESPACE;
-pub use faults::{FaultConfig, FaultError, Faults};
+pub use faults::{FaultConfig, FaultError, Faults, PathError};
 pub use request::OWNER_TOKEN;
 pub use rest::IF_MATCH_NOT_SUPPORTED;
 pub use rules::{RulesError, parse_rules_text};

@@ -91,7 +91,7 @@ async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse, D
     }
     let method = req.method().as_str().to_owned();
     app.counters.arrived();
-    let plan = app.faults.plan();
+    let plan = app.faults.plan(req.uri().path());
     if !plan.latency.is_zero() {
         tokio::time::sleep(plan.latency).await;
     }

@@ -8,6 +8,13 @@
 //!   anyway); a smaller check still goes to the service, which may admit it;
 //! - it follows the client's injectable clock, so tests can step past `retry_after`.
 //!
+//! A refusal is **trusted for `trust`** (default 1 s, [`crate::deny_cache::DEFAULT_TRUST`])
+//! at most, however long `retry_after` is: a Reset made elsewhere (through another
+//! client or instance) frees the key, and this process hears of it only by asking. So a
+//! refused key costs at most one RPC per `trust` (answered by the service from its own
+//! deny-until cache, without a store call), and a Reset made through this client clears
+//! its entry at once ([`DenyUntil::clear`]).
+//!
 //! Only the service's own refusals are cached. A refusal decided by the limit's failure
 //! policy (`deny` while the store is down) says nothing about the key's usage, and the
 //! client's own fallback refusals are already answered without the service.
@@ -24,8 +31,10 @@ const CAPACITY: u64 = 100_000;
 
 #[derive(Debug, Clone)]
 struct Entry {
-    /// Refuse until this time (client clock, Unix ms).
+    /// The service's refusal holds until this time (client clock, Unix ms).
     until_ms: u64,
+    /// Refuse without asking until this time: `until_ms` or the end of the trust period.
+    trusted_until_ms: u64,
     /// Time to live on moka's real clock; only frees memory, correctness uses `until_ms`.
     ttl: Duration,
     remaining: u32,
@@ -61,20 +70,21 @@ impl Expiry<(Arc<str>, Arc<str>), Entry> for UntilRetry {
 /// `(limit, key)` → the service's last refusal, while it holds.
 pub(crate) struct DenyUntil {
     entries: Cache<(Arc<str>, Arc<str>), Entry>,
+    trust_ms: u64,
 }
 
-impl Default for DenyUntil {
-    fn default() -> Self {
+impl DenyUntil {
+    /// An empty cache whose refusals are believed for at most `trust`.
+    pub(crate) fn new(trust: Duration) -> Self {
         Self {
             entries: Cache::builder()
                 .max_capacity(CAPACITY)
                 .expire_after(UntilRetry)
                 .build(),
+            trust_ms: u64::try_from(trust.as_millis()).unwrap_or(u64::MAX),
         }
     }
-}
 
-impl DenyUntil {
     /// Remembers `decision` for `(limit, key)` if it is a refusal by the service.
     pub(crate) fn record(&self, limit: &str, key: &str, decision: &Decision, now_ms: u64) {
         let by_the_service = matches!(
@@ -93,7 +103,8 @@ impl DenyUntil {
             (Arc::from(limit), Arc::from(key)),
             Entry {
                 until_ms: now_ms.saturating_add(wait_ms),
-                ttl: wait,
+                trusted_until_ms: now_ms.saturating_add(wait_ms.min(self.trust_ms)),
+                ttl: wait.min(Duration::from_millis(self.trust_ms)),
                 remaining: decision.remaining,
                 limit: decision.limit,
                 shared: decision.shared,
@@ -103,10 +114,15 @@ impl DenyUntil {
         );
     }
 
+    /// Forgets the refusal of `(limit, key)` (after a Reset through this client).
+    pub(crate) fn clear(&self, limit: &str, key: &str) {
+        self.entries.invalidate(&(Arc::from(limit), Arc::from(key)));
+    }
+
     /// A refusal for `cost` hits of `(limit, key)` at `now_ms`, if one is known to hold.
     pub(crate) fn check(&self, limit: &str, key: &str, cost: u32, now_ms: u64) -> Option<Decision> {
         let entry = self.entries.get(&(Arc::from(limit), Arc::from(key)))?;
-        if now_ms >= entry.until_ms || cost <= entry.remaining {
+        if now_ms >= entry.trusted_until_ms || cost <= entry.remaining {
             return None;
         }
         let wait = Duration::from_secs(window::ceil_secs(Duration::from_millis(
@@ -146,7 +162,7 @@ mod tests {
 
     #[test]
     fn a_refusal_holds_until_retry_after_then_lapses() {
-        let c = DenyUntil::default();
+        let c = DenyUntil::new(Duration::from_secs(3_600));
         c.record("t", "k", &refusal(0, Source::Store), 1_000);
         let d = c.check("t", "k", 1, 1_000).expect("refused locally");
         assert_eq!(d.source, Source::DenyCache);
@@ -164,8 +180,28 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_is_believed_for_the_trust_period_at_most_and_cleared_by_a_reset() {
+        let c = DenyUntil::new(Duration::from_millis(1_000));
+        c.record("t", "k", &refusal(0, Source::Store), 1_000);
+        let d = c.check("t", "k", 1, 1_999).expect("trusted");
+        assert_eq!(
+            d.retry_after,
+            Some(Duration::from_secs(50)),
+            "the service's own wait (49.001 s, rounded up)"
+        );
+        assert!(
+            c.check("t", "k", 1, 2_000).is_none(),
+            "ask the service again"
+        );
+        c.record("t", "k", &refusal(0, Source::Store), 2_000);
+        assert!(c.check("t", "k", 1, 2_000).is_some());
+        c.clear("t", "k");
+        assert!(c.check("t", "k", 1, 2_000).is_none(), "reset: at once");
+    }
+
+    #[test]
     fn a_refused_large_cost_does_not_block_a_smaller_one_that_fits() {
-        let c = DenyUntil::default();
+        let c = DenyUntil::new(Duration::from_secs(3_600));
         c.record("t", "k", &refusal(2, Source::Store), 0);
         assert!(c.check("t", "k", 2, 0).is_none(), "2 may still fit");
         assert!(c.check("t", "k", 3, 0).is_some());
@@ -173,7 +209,7 @@ mod tests {
 
     #[test]
     fn only_the_services_refusals_of_the_key_are_cached() {
-        let c = DenyUntil::default();
+        let c = DenyUntil::new(Duration::from_secs(3_600));
         c.record("t", "a", &refusal(0, Source::FailurePolicy), 0);
         c.record("t", "b", &refusal(0, Source::ClientFallback), 0);
         let mut allowed = refusal(0, Source::Store);

@@ -14,7 +14,8 @@
 //!   keeps failing: checks then answer locally at once, and one probe at a time goes out
 //!   after a cool-down;
 //! - a deny-until cache (`deny.rs`) refuses a key the service refused until its
-//!   `retry_after` passes, with no RPC;
+//!   `retry_after` passes or for a second at most (a Reset elsewhere frees the key), with
+//!   no RPC; [`Client::reset`] (`reset.rs`, with an admin token) clears it at once;
 //! - the limits come from the service's `ListLimits` once it answers, else from the
 //!   fallback limits the client was built with (`known.rs`);
 //! - a call that runs into the deadline renews the connection, since a late answer may
@@ -40,6 +41,7 @@ pub mod headers;
 pub mod id_token;
 mod known;
 pub mod layer;
+mod reset;
 
 pub use id_token::{IdTokenError, IdTokens};
 pub use layer::{RateLimit, RateLimitLayer};
@@ -113,6 +115,10 @@ pub enum ClientError {
     /// A builder setting is out of range.
     #[error("{0}")]
     Config(String),
+    /// The service refused an admin call ([`Client::reset`]): no or a wrong admin token,
+    /// or admin calls disabled there. The message is the service's.
+    #[error("the service refused the call: {0}")]
+    Refused(String),
     /// [`ClientBuilder::build`] ran outside a Tokio runtime, which the connection needs.
     #[error("the rate-limit client must be built inside a Tokio runtime")]
     NoRuntime,
@@ -140,6 +146,8 @@ pub struct ClientBuilder {
     clock: SharedClock,
     learn_limits: bool,
     auth: Auth,
+    deny_trust: Duration,
+    admin: Option<reset::AdminHeader>,
 }
 
 /// How the client proves who it is to the service's front door.
@@ -163,6 +171,8 @@ impl std::fmt::Debug for ClientBuilder {
             .field("breaker", &self.breaker)
             .field("learn_limits", &self.learn_limits)
             .field("auth", &self.auth)
+            .field("deny_trust", &self.deny_trust)
+            .field("admin", &self.admin)
             .finish()
     }
 }
@@ -198,6 +208,20 @@ impl ClientBuilder {
     /// The clock of the local window and the deny-until cache (default: the system clock).
     pub fn clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// How long a refusal by the service is repeated here without asking it again, at
+    /// most (default 1 s; never longer than the service's `retry_after`).
+    pub fn deny_trust(mut self, trust: Duration) -> Self {
+        self.deny_trust = trust;
+        self
+    }
+
+    /// The service's admin token (its `RATELIMIT_ADMIN_TOKEN`), for [`Client::reset`].
+    /// Sent only on Reset calls, and never formatted.
+    pub fn admin_token(mut self, token: &str) -> Self {
+        self.admin = reset::AdminHeader::new(token);
         self
     }
 
@@ -265,7 +289,8 @@ impl ClientBuilder {
                 deadline: self.deadline,
                 breaker: Breaker::new(self.breaker).subject("service"),
                 known: KnownLimits::new(self.fallback),
-                deny: DenyUntil::default(),
+                deny: DenyUntil::new(self.deny_trust),
+                admin: self.admin,
                 local: LocalWindow::new(self.clock.clone()),
                 clock: self.clock,
                 learn_limits: self.learn_limits,
@@ -337,6 +362,7 @@ struct Inner {
     breaker: Breaker,
     known: KnownLimits,
     deny: DenyUntil,
+    admin: Option<reset::AdminHeader>,
     /// The client's own window, for when the service cannot answer.
     local: LocalWindow,
     clock: SharedClock,
@@ -416,6 +442,8 @@ impl Client {
             clock: clock::system(),
             learn_limits: true,
             auth: Auth::None,
+            deny_trust: crate::deny_cache::DEFAULT_TRUST,
+            admin: None,
         }
     }
 

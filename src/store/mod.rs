@@ -157,6 +157,27 @@ pub trait CounterStore: Send + Sync + 'static {
     }
 }
 
+tokio::task_local! {
+    static DEADLINE: std::time::Instant;
+}
+
+/// Runs a store call that must answer by `deadline`. A store whose transactions retry
+/// (RTDB, after `412`) reads it with [`deadline`] and stops retrying, with
+/// [`StoreError::Contention`], when another attempt would not be answered in time: a
+/// write cut off mid-flight could still land for checks already answered. It is ambient
+/// (a task-local) so that the [`CounterStore`] seam stays one call per batch.
+pub async fn with_deadline<F: std::future::Future>(
+    deadline: std::time::Instant,
+    call: F,
+) -> F::Output {
+    DEADLINE.scope(deadline, call).await
+}
+
+/// The deadline of the store call being made, if its caller set one ([`with_deadline`]).
+pub fn deadline() -> Option<std::time::Instant> {
+    DEADLINE.try_with(|d| *d).ok()
+}
+
 /// Runs a store call within `budget`; running out of time is [`StoreError::Timeout`].
 /// Every bounded store call goes through here, so a timeout means the same everywhere.
 pub async fn within<T>(

@@ -2,7 +2,7 @@
 //! port, driven by a manual clock so no test sleeps across a window.
 #![allow(dead_code)]
 
-use ratelimit::clock::ManualClock;
+use ratelimit::clock::{ManualClock, SharedClock};
 use ratelimit::limiter::{Limiter, LimiterOptions};
 use ratelimit::limits::Limits;
 use ratelimit::pb::rate_limiter_client::RateLimiterClient;
@@ -116,14 +116,32 @@ pub mod rtdb {
         store_with(emu, Arc::new(EmulatorOwner), RtdbOptions::default())
     }
 
-    /// A service instance on its own port, sharing `emu` with any others.
+    /// A store whose cached counts are trusted for `options.deny_trust` of `clock`'s time.
+    pub fn store_on(
+        emu: &Emulator,
+        clock: SharedClock,
+        options: &LimiterOptions,
+    ) -> Arc<RtdbStore> {
+        ratelimit::install_crypto_provider();
+        let target = Target::new(DB_URL, Some(&emu.host()), "rateLimits").expect("target");
+        let options = RtdbOptions {
+            deny_trust: options.deny_trust,
+            ..RtdbOptions::default()
+        };
+        let store = RtdbStore::new(target, Arc::new(EmulatorOwner), options).expect("store");
+        Arc::new(store.with_clock(clock))
+    }
+
+    /// A service instance on its own port, sharing `emu` with any others; its store and
+    /// limiter both read `clock`.
     pub async fn instance(
         emu: &Emulator,
         limits: Limits,
         clock: ManualClock,
         options: LimiterOptions,
     ) -> Harness {
-        start_with(limits, store(emu), clock, Some("admin-token"), options).await
+        let store = store_on(emu, Arc::new(clock.clone()), &options);
+        start_with(limits, store, clock, Some("admin-token"), options).await
     }
 }
 

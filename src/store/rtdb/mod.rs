@@ -21,18 +21,29 @@
 //! - **A node this service did not write** (wrong shape) is an error with its path and is
 //!   never overwritten.
 //!
+//! - **A cached count that denies is trusted for `deny_trust`** (default 1 s) after the
+//!   store last confirmed it: a batch that admits nothing is answered from the cache with
+//!   no request within that time, and re-read after it, so a Reset through another
+//!   instance (a `DELETE` this instance cannot see) is noticed within about a second, at
+//!   a cost of at most one read per exhausted key per `deny_trust`.
+//! - **No caller key or URL in errors** (`reply.rs`): errors name the node by its limit
+//!   and the key's keyed hash, since they reach log lines.
+//!
 //! Batching, single flight and the deny-until cache live in the limiter (`coalesce.rs`,
 //! `deny_cache.rs`); this store sees one batch per key at a time from each instance.
 
 pub mod auth;
 pub mod keys;
+mod reply;
 pub mod target;
 
 use super::{Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count};
+use crate::clock::SharedClock;
 use crate::limits::Limit;
 use async_trait::async_trait;
 use auth::TokenSource;
 use moka::sync::Cache;
+use reply::{Node, Reply, parse_node, status_error, transport_error};
 use reqwest::{Method, StatusCode, Url};
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +65,8 @@ pub struct RtdbOptions {
     pub connect_timeout: Duration,
     /// Conditional PUT attempts per transaction.
     pub max_attempts: u32,
+    /// How long a cached count that denies is believed without reading the node again.
+    pub deny_trust: Duration,
 }
 
 impl Default for RtdbOptions {
@@ -62,6 +75,7 @@ impl Default for RtdbOptions {
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            deny_trust: crate::deny_cache::DEFAULT_TRUST,
         }
     }
 }
@@ -73,14 +87,8 @@ struct CachedNode {
     /// When a write to this node last lost a race (`412`): the store answered, another
     /// writer got there first. Tells contention from an outage when a budget runs out.
     lost_race_at: Option<std::time::Instant>,
-}
-
-/// One HTTP answer, reduced to what a transaction needs.
-struct Reply {
-    status: StatusCode,
-    etag: Option<Arc<str>>,
-    /// Kept as bytes so that a malformed body can be quoted in errors.
-    body: Vec<u8>,
+    /// When the store last confirmed `value` (clock time, Unix ms).
+    seen_ms: u64,
 }
 
 /// Counters in RTDB.
@@ -90,6 +98,8 @@ pub struct RtdbStore {
     tokens: Arc<dyn TokenSource>,
     nodes: Cache<(Arc<str>, String), CachedNode>,
     max_attempts: u32,
+    clock: SharedClock,
+    deny_trust_ms: u64,
 }
 
 /// Why an `RtdbStore` could not be built.
@@ -127,7 +137,26 @@ impl RtdbStore {
             tokens,
             nodes: Cache::builder().max_capacity(ETAG_CACHE_CAPACITY).build(),
             max_attempts: options.max_attempts.max(1),
+            clock: crate::clock::system(),
+            deny_trust_ms: u64::try_from(options.deny_trust.as_millis()).unwrap_or(u64::MAX),
         })
+    }
+
+    /// Times cached counts by `clock` (default: the system clock), the limiter's clock.
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The node of `key` under `limit`.
+    fn node(&self, limit: &Limit, key: &str) -> Node {
+        let encoded = keys::encode(key);
+        Node {
+            url: self.target.node_url(&limit.name, &encoded),
+            path: self.target.node_path(&limit.name, &encoded),
+            shown: format!("{}/key:{}", limit.name, crate::logging::key_tag(key)),
+            cache_key: (limit.name.clone(), encoded),
+        }
     }
 
     /// The endpoint, for the startup log.
@@ -162,10 +191,7 @@ impl RtdbStore {
                     .body(b.clone());
             }
             let started = std::time::Instant::now();
-            let resp = req
-                .send()
-                .await
-                .map_err(|e| transport_error(&e, is_write))?;
+            let resp = req.send().await.map_err(|e| transport_error(e, is_write))?;
             let status = resp.status();
             crate::metrics::store_request(method.as_str(), status.as_u16(), started.elapsed());
             if status == StatusCode::UNAUTHORIZED && !refreshed {
@@ -181,33 +207,38 @@ impl RtdbStore {
             let body = resp
                 .bytes()
                 .await
-                .map_err(|e| transport_error(&e, is_write))?
+                .map_err(|e| transport_error(e, is_write))?
                 .to_vec();
             return Ok(Reply { status, etag, body });
         }
     }
 
     /// Reads a node with its ETag and caches both.
-    async fn read(&self, limit: &Limit, encoded: &str) -> Result<CachedNode, StoreError> {
-        let url = self.target.node_url(&limit.name, encoded);
-        let reply = self.send(Method::GET, &url, None, None).await?;
+    async fn read(&self, node: &Node) -> Result<CachedNode, StoreError> {
+        let reply = self.send(Method::GET, &node.url, None, None).await?;
         if reply.status != StatusCode::OK {
-            return Err(status_error(&reply));
+            return Err(status_error(&reply, node));
         }
-        let path = self.target.node_path(&limit.name, encoded);
-        let value = parse_node(&path, &reply.body)?;
+        let value = self.parse(node, &reply.body)?;
         let etag = reply.etag.ok_or_else(|| StoreError::Malformed {
-            path,
+            path: node.shown.clone(),
             detail: "GET with X-Firebase-ETag returned no ETag header".into(),
         })?;
-        let node = CachedNode {
+        let cached = CachedNode {
             etag,
             value,
             lost_race_at: None,
+            seen_ms: self.clock.now_ms(),
         };
-        self.nodes
-            .insert((limit.name.clone(), encoded.to_owned()), node.clone());
-        Ok(node)
+        self.nodes.insert(node.cache_key.clone(), cached.clone());
+        Ok(cached)
+    }
+
+    /// Parses a node's body; a foreign node's real path goes to `debug` only.
+    fn parse(&self, node: &Node, body: &[u8]) -> Result<Option<WindowCount>, StoreError> {
+        parse_node(&node.shown, body).inspect_err(|_| {
+            tracing::debug!(path = %node.path, node = %node.shown, "RTDB path of the foreign node");
+        })
     }
 
     /// One transaction on a node: `update` maps the node's current value to the value to
@@ -216,32 +247,49 @@ impl RtdbStore {
     /// again, without a read.
     async fn transaction<T>(
         &self,
-        limit: &Limit,
-        encoded: &str,
+        target: &Node,
         mut update: impl FnMut(Option<WindowCount>) -> (Option<WindowCount>, T),
     ) -> Result<T, StoreError> {
-        let cache_key = (limit.name.clone(), encoded.to_owned());
-        let url = self.target.node_url(&limit.name, encoded);
-        let path = self.target.node_path(&limit.name, encoded);
-        let mut node = match self.nodes.get(&cache_key) {
+        let cache_key = &target.cache_key;
+        let url = &target.url;
+        let mut node = match self.nodes.get(cache_key) {
             Some(n) => n,
-            None => self.read(limit, encoded).await?,
+            None => self.read(target).await?,
         };
-        for _ in 0..self.max_attempts {
+        let deadline = super::deadline();
+        let mut last_attempt: Option<Duration> = None;
+        let mut reread = false;
+        for attempt in 0..self.max_attempts {
+            // Contention is not an outage: stop retrying while the caller can still be
+            // told so, rather than be cut off mid-write (that write could still land).
+            if let (Some(deadline), Some(rtt)) = (deadline, last_attempt)
+                && std::time::Instant::now() + rtt > deadline
+            {
+                return Err(StoreError::Contention { attempts: attempt });
+            }
             let (next, result) = update(node.value);
             let Some(next) = next else {
-                // Nothing to write. A denial from a cached count stands: counts only grow
-                // within a window, so the cache can only be lower than the truth.
-                return Ok(result);
+                // Nothing to write. A denial from a count the store confirmed less than
+                // `deny_trust` ago stands: counts only grow within a window, short of a
+                // Reset. Older, it is read again (once), so a Reset through another
+                // instance is seen within about `deny_trust`.
+                let age = self.clock.now_ms().saturating_sub(node.seen_ms);
+                if reread || age < self.deny_trust_ms {
+                    return Ok(result);
+                }
+                reread = true;
+                node = self.read(target).await?;
+                continue;
             };
             let body = format!("{{\"{}\":{}}}", next.window, next.count);
+            let sent = std::time::Instant::now();
             let reply = match self
-                .send(Method::PUT, &url, Some(&node.etag), Some(body))
+                .send(Method::PUT, url, Some(&node.etag), Some(body))
                 .await
             {
                 Ok(r) => r,
                 Err(e) => {
-                    self.nodes.invalidate(&cache_key);
+                    self.nodes.invalidate(cache_key);
                     return Err(e);
                 }
             };
@@ -249,26 +297,29 @@ impl RtdbStore {
                 StatusCode::OK => {
                     match reply.etag {
                         Some(etag) => self.nodes.insert(
-                            cache_key,
+                            cache_key.clone(),
                             CachedNode {
                                 etag,
                                 value: Some(next),
                                 lost_race_at: node.lost_race_at,
+                                seen_ms: self.clock.now_ms(),
                             },
                         ),
-                        None => self.nodes.invalidate(&cache_key),
+                        None => self.nodes.invalidate(cache_key),
                     }
                     return Ok(result);
                 }
                 StatusCode::PRECONDITION_FAILED => {
-                    let value = parse_node(&path, &reply.body)?;
+                    last_attempt = Some(sent.elapsed());
+                    let value = self.parse(target, &reply.body)?;
                     node = match reply.etag {
                         Some(etag) => CachedNode {
                             etag,
                             value,
                             lost_race_at: None,
+                            seen_ms: self.clock.now_ms(),
                         },
-                        None => self.read(limit, encoded).await?,
+                        None => self.read(target).await?,
                     };
                     node.lost_race_at = Some(std::time::Instant::now());
                     // Cached at once: if the retry finds nothing to write (a denial), the
@@ -282,12 +333,12 @@ impl RtdbStore {
                     // write wins every round.
                 }
                 _ => {
-                    self.nodes.invalidate(&cache_key);
-                    return Err(status_error(&reply));
+                    self.nodes.invalidate(cache_key);
+                    return Err(status_error(&reply, target));
                 }
             }
         }
-        self.nodes.invalidate(&cache_key);
+        // The cache holds the last 412's value and tag: the next attempt starts from them.
         Err(StoreError::Contention {
             attempts: self.max_attempts,
         })
@@ -296,11 +347,11 @@ impl RtdbStore {
     async fn transact(
         &self,
         limit: &Limit,
-        encoded: &str,
+        key: &str,
         window: i64,
         costs: &[u32],
     ) -> Result<Admission, StoreError> {
-        self.transaction(limit, encoded, |stored| {
+        self.transaction(&self.node(limit, key), |stored| {
             let (next, outcomes) = apply_batch(stored, window, limit.requests, costs);
             let write = outcomes.iter().any(|o| o.allowed).then_some(next);
             let admission = Admission {
@@ -316,11 +367,11 @@ impl RtdbStore {
     async fn give_back(
         &self,
         limit: &Limit,
-        encoded: &str,
+        key: &str,
         window: i64,
         hits: u32,
     ) -> Result<bool, StoreError> {
-        self.transaction(limit, encoded, |stored| match stored {
+        self.transaction(&self.node(limit, key), |stored| match stored {
             Some(v) if v.window == window && v.count > 0 && hits > 0 => {
                 let next = WindowCount {
                     window,
@@ -333,98 +384,6 @@ impl RtdbStore {
         })
         .await
     }
-}
-
-fn transport_error(e: &reqwest::Error, is_write: bool) -> StoreError {
-    // A connect error means the request never left: always safe. Anything later on a
-    // write (timeout, reset, truncated body) leaves its outcome unknown.
-    let msg = error_chain(e);
-    if e.is_connect() {
-        StoreError::Connect(msg)
-    } else if is_write {
-        StoreError::UnknownOutcome(msg)
-    } else {
-        StoreError::Connect(msg)
-    }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
-}
-
-fn status_error(reply: &Reply) -> StoreError {
-    // RTDB errors are JSON `{"error": "..."}`, sometimes pretty-printed: parse, don't compare.
-    let message = serde_json::from_slice::<serde_json::Value>(&reply.body)
-        .ok()
-        .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
-        .unwrap_or_else(|| {
-            String::from_utf8_lossy(&reply.body)
-                .chars()
-                .take(200)
-                .collect()
-        });
-    match reply.status {
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-            StoreError::Auth(format!("HTTP {}: {message}", reply.status.as_u16()))
-        }
-        s => StoreError::Status {
-            status: s.as_u16(),
-            message,
-        },
-    }
-}
-
-/// Parses a counter node: `null`, or an object of `"<window>": count` (normally one entry;
-/// the newest window wins if there are several). Anything else was not written by this
-/// service and is reported, never overwritten.
-fn parse_node(path: &str, body: &[u8]) -> Result<Option<WindowCount>, StoreError> {
-    let malformed = |detail: String| {
-        let err = StoreError::Malformed {
-            path: path.to_owned(),
-            detail,
-        };
-        tracing::error!(path, error = %err, "RTDB node is not a rate-limit counter; leaving it untouched");
-        err
-    };
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
-        malformed(format!(
-            "not JSON ({e}): {}",
-            String::from_utf8_lossy(body)
-                .chars()
-                .take(80)
-                .collect::<String>()
-        ))
-    })?;
-    let map = match value {
-        serde_json::Value::Null => return Ok(None),
-        serde_json::Value::Object(map) => map,
-        other => {
-            return Err(malformed(format!(
-                "expected {{\"<window>\": count}}, found {other}"
-            )));
-        }
-    };
-    let mut newest: Option<WindowCount> = None;
-    for (k, v) in &map {
-        let window: i64 = k
-            .parse()
-            .map_err(|_| malformed(format!("child {k:?} is not a window number")))?;
-        let count = v
-            .as_u64()
-            .and_then(|c| u32::try_from(c).ok())
-            .ok_or_else(|| malformed(format!("window {k} holds {v}, not a count")))?;
-        if newest.is_none_or(|n| window > n.window) {
-            newest = Some(WindowCount { window, count });
-        }
-    }
-    Ok(newest)
 }
 
 #[async_trait]
@@ -444,22 +403,20 @@ impl CounterStore for RtdbStore {
         window: i64,
         costs: &[u32],
     ) -> Result<Admission, StoreError> {
-        self.transact(limit, &keys::encode(key), window, costs)
-            .await
+        self.transact(limit, key, window, costs).await
     }
 
     async fn peek(&self, limit: &Limit, key: &str, window: i64) -> Result<WindowCount, StoreError> {
-        let node = self.read(limit, &keys::encode(key)).await?;
+        let node = self.read(&self.node(limit, key)).await?;
         Ok(visible_count(node.value, window))
     }
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
-        let encoded = keys::encode(key);
-        let url = self.target.node_url(&limit.name, &encoded);
-        self.nodes.invalidate(&(limit.name.clone(), encoded));
-        let reply = self.send(Method::DELETE, &url, None, None).await?;
+        let node = self.node(limit, key);
+        self.nodes.invalidate(&node.cache_key);
+        let reply = self.send(Method::DELETE, &node.url, None, None).await?;
         if reply.status != StatusCode::OK {
-            return Err(status_error(&reply));
+            return Err(status_error(&reply, &node));
         }
         Ok(())
     }
@@ -471,55 +428,12 @@ impl CounterStore for RtdbStore {
         window: i64,
         hits: u32,
     ) -> Result<bool, StoreError> {
-        self.give_back(limit, &keys::encode(key), window, hits)
-            .await
+        self.give_back(limit, key, window, hits).await
     }
     fn lost_race_since(&self, limit: &Limit, key: &str, since: std::time::Instant) -> bool {
         self.nodes
             .get(&(limit.name.clone(), keys::encode(key)))
             .and_then(|n| n.lost_race_at)
             .is_some_and(|at| at >= since)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nodes_parse_null_one_window_or_the_newest_of_several() {
-        assert_eq!(parse_node("p", b"null"), Ok(None));
-        assert_eq!(
-            parse_node("p", br#"{"29408640": 7}"#),
-            Ok(Some(WindowCount {
-                window: 29_408_640,
-                count: 7
-            }))
-        );
-        assert_eq!(
-            parse_node("p", br#"{"5": 1, "6": 2}"#),
-            Ok(Some(WindowCount {
-                window: 6,
-                count: 2
-            }))
-        );
-    }
-
-    #[test]
-    fn foreign_nodes_are_malformed_with_their_path() {
-        for body in [
-            &br#"{"hello": 1}"#[..],
-            br#"{"5": "x"}"#,
-            br#"{"5": -1}"#,
-            br#"{"5": 1.5}"#,
-            b"17",
-            b"[1,2]",
-            b"{",
-        ] {
-            match parse_node("rateLimits/mcp/k", body) {
-                Err(StoreError::Malformed { path, .. }) => assert_eq!(path, "rateLimits/mcp/k"),
-                other => panic!("{}: {other:?}", String::from_utf8_lossy(body)),
-            }
-        }
     }
 }

@@ -8,21 +8,27 @@
 //! that succeeds closes the breaker and decisions are shared again, one that fails
 //! re-opens it for another cool-down.
 //!
-//! It is a [`CounterStore`] decorator ([`Guarded`]) so it sees each real store call
-//! exactly once, whatever batching happens above it, and it applies the store timeout
-//! itself so that a call abandoned by its callers still reports a result.
+//! [`Guarded`] (`guarded.rs`) puts it in front of a store as a `CounterStore` decorator,
+//! so it sees each real store call exactly once, whatever batching happens above it.
+//! Each guarded call runs in its own task, bounded by the store timeout and reporting its
+//! own result, so a caller whose deadline runs out can leave without the call being cut
+//! short: **no caller can open the breaker** (DESIGN §10). A short deadline then costs
+//! that caller a local answer, never everyone a cool-down.
 //!
 //! The client library (`client`) reuses [`Breaker`] in front of its calls to the service,
 //! through [`Breaker::attempt`] (the same leave-and-report API [`Guarded`] uses).
 //!
-//! What counts as a failure: the store not answering or answering with an error
-//! (timeouts, connection errors, 5xx, auth, unknown outcomes). What does not: a node of
-//! the wrong shape or lost transaction races, which say nothing about the store's health.
+//! What counts as a failure ([`counts_against_store`]): the store not answering within
+//! its own timeout or answering with an error that is its own (connection errors, 5xx,
+//! 401/403 auth, 429, unknown outcomes). What does not: a `4xx` caused by the request
+//! (that check fails open alone), a node of the wrong shape, lost transaction races, and
+//! a call abandoned by its caller; none of them says anything about the store's health.
 
-use crate::limits::Limit;
-use crate::store::{Admission, CounterStore, StoreError, WindowCount};
-use async_trait::async_trait;
-use std::sync::{Arc, Mutex};
+mod guarded;
+
+pub use guarded::{Guarded, counts_against_store};
+
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Breaker thresholds.
@@ -221,52 +227,30 @@ impl Breaker {
             _ => {}
         }
     }
-}
 
-/// A store behind a breaker and a per-call timeout.
-pub struct Guarded {
-    inner: Arc<dyn CounterStore>,
-    breaker: Arc<Breaker>,
-    timeout: Duration,
-}
-
-impl Guarded {
-    /// Guards `inner` with `breaker`, bounding each call by `timeout`.
-    pub fn new(inner: Arc<dyn CounterStore>, breaker: Arc<Breaker>, timeout: Duration) -> Self {
-        Self {
-            inner,
-            breaker,
-            timeout,
+    /// A call left without a result (its task was cancelled): neutral for an ordinary
+    /// call; an abandoned probe gives its slot back at once, so the breaker can never
+    /// stay half-open for want of a probe's answer.
+    fn abandon(&self, permit: &Permit) {
+        if *permit != Permit::Probe {
+            return;
         }
-    }
-
-    async fn call<T>(
-        &self,
-        fut: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let Some(attempt) = self.breaker.attempt() else {
-            return Err(StoreError::CircuitOpen);
-        };
-        let result = crate::store::within(self.timeout, fut).await;
-        let healthy = match &result {
-            Ok(_) => true,
-            Err(StoreError::Malformed { .. } | StoreError::Contention { .. }) => true,
-            Err(_) => false,
-        };
-        let reason = result.as_ref().err().map_or("ok", StoreError::kind);
-        if result.is_err() {
-            crate::metrics::store_error(reason);
+        let mut inner = self.lock();
+        if matches!(*inner, Inner::HalfOpen) {
+            let now = Inner::Open {
+                until: Instant::now(),
+            };
+            self.transition(&mut inner, now, "probe abandoned");
         }
-        attempt.finish(healthy, reason);
-        result
     }
 }
 
 /// Leave to make one call through a [`Breaker`] (from [`Breaker::attempt`]).
 ///
 /// Report the call's result with [`Attempt::finish`]. Dropping it unreported (the
-/// caller's future was cancelled mid-call) counts as a failure, so a probe can never be
-/// lost and leave the breaker half-open for ever.
+/// caller's future was cancelled mid-call) is neutral: a cancelled caller says nothing
+/// about the guarded side. A dropped probe gives its slot back, so the breaker can never
+/// be left half-open for ever.
 #[must_use = "report the call's result with Attempt::finish"]
 pub struct Attempt<'a> {
     breaker: &'a Breaker,
@@ -291,58 +275,16 @@ impl Attempt<'_> {
 impl Drop for Attempt<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.breaker.record(&self.permit, false, "abandoned");
+            self.breaker.abandon(&self.permit);
         }
-    }
-}
-
-#[async_trait]
-impl CounterStore for Guarded {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn is_remote(&self) -> bool {
-        self.inner.is_remote()
-    }
-
-    async fn admit(
-        &self,
-        limit: &Limit,
-        key: &str,
-        window: i64,
-        costs: &[u32],
-    ) -> Result<Admission, StoreError> {
-        self.call(self.inner.admit(limit, key, window, costs)).await
-    }
-
-    async fn peek(&self, limit: &Limit, key: &str, window: i64) -> Result<WindowCount, StoreError> {
-        self.call(self.inner.peek(limit, key, window)).await
-    }
-
-    async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
-        self.call(self.inner.reset(limit, key)).await
-    }
-
-    async fn release(
-        &self,
-        limit: &Limit,
-        key: &str,
-        window: i64,
-        hits: u32,
-    ) -> Result<bool, StoreError> {
-        self.call(self.inner.release(limit, key, window, hits))
-            .await
-    }
-
-    fn lost_race_since(&self, limit: &Limit, key: &str, since: Instant) -> bool {
-        self.inner.lost_race_since(limit, key, since)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StoreError;
+    use std::sync::Arc;
 
     fn breaker(cooldown_ms: u64) -> Breaker {
         Breaker::new(BreakerConfig {
@@ -400,19 +342,49 @@ mod tests {
     }
 
     #[test]
-    fn an_abandoned_attempt_counts_as_a_failure_and_frees_the_probe() {
+    fn an_abandoned_attempt_is_neutral_and_an_abandoned_probe_frees_its_slot() {
         let b = breaker(0);
-        for _ in 0..3 {
+        for _ in 0..2 {
             b.record(&Permit::Call, false, "timeout");
         }
+        for _ in 0..10 {
+            drop(b.attempt().expect("closed")); // callers that gave up mid-call
+        }
+        assert_eq!(
+            b.state(),
+            State::Closed,
+            "abandoned calls count for nothing"
+        );
+        b.record(&Permit::Call, false, "timeout");
+        assert_eq!(b.state(), State::Open);
         let probe = b.attempt().expect("the cool-down is over");
         assert!(probe.is_probe());
         assert!(b.attempt().is_none(), "one probe at a time");
-        drop(probe); // the caller gave up mid-call
+        drop(probe); // the caller gave up mid-probe
         assert_eq!(b.state(), State::Open);
-        let probe = b.attempt().expect("a new probe after the cool-down");
+        let probe = b.attempt().expect("the slot is free again at once");
+        assert!(probe.is_probe());
         probe.finish(true, "ok");
         assert_eq!(b.state(), State::Closed);
         assert!(b.attempt().is_some_and(|a| !a.is_probe()));
+    }
+
+    #[test]
+    fn only_the_stores_own_errors_count() {
+        let status = |status| StoreError::Status {
+            status,
+            message: String::new(),
+        };
+        for s in [400, 404, 412, 413] {
+            assert!(!counts_against_store(&status(s)), "{s}");
+        }
+        for s in [401, 403, 429, 500, 503] {
+            assert!(counts_against_store(&status(s)), "{s}");
+        }
+        assert!(counts_against_store(&StoreError::Timeout(Duration::ZERO)));
+        assert!(counts_against_store(&StoreError::Connect(String::new())));
+        assert!(!counts_against_store(&StoreError::Contention {
+            attempts: 1
+        }));
     }
 }
