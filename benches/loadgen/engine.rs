@@ -182,21 +182,11 @@ impl Env {
         for _ in 0..instances {
             let clock = clock::system();
             let store: Arc<dyn CounterStore> = match &emulator {
-                None if spec.store == StoreKind::Redis => {
-                    let url = spec
-                        .redis_url
-                        .as_deref()
-                        .ok_or("--store redis needs a URL")?;
-                    // As `config::build_store` does; one store (connection) per instance.
-                    let options = ratelimit::store::redis::RedisOptions {
-                        response_timeout: spec.store_timeout.max(Duration::from_secs(1)) * 2,
-                        ..Default::default()
-                    };
-                    Arc::new(
-                        ratelimit::store::redis::RedisStore::new(url, options, clock.clone())
-                            .map_err(|e| format!("redis store: {e}"))?,
-                    )
-                }
+                None if spec.store == StoreKind::Redis => crate::redis_bench::store(
+                    spec.redis_url.as_deref(),
+                    spec.store_timeout,
+                    &clock,
+                )?,
                 None => Arc::new(MemoryStore::new(clock.clone())),
                 Some(emu) => {
                     let target = Target::new(DB_URL, Some(&emu.host()), "rateLimits")

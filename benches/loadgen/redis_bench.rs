@@ -22,6 +22,23 @@ pub struct RedisArgs {
     duration: Duration,
 }
 
+/// An instance's Redis store, as `config::build_store` makes it (one connection each, as
+/// separate processes would have).
+pub fn store(
+    url: Option<&str>,
+    store_timeout: Duration,
+    clock: &ratelimit::clock::SharedClock,
+) -> Result<std::sync::Arc<dyn ratelimit::store::CounterStore>, String> {
+    let url = url.ok_or("--store redis needs --redis-url")?;
+    let options = ratelimit::store::redis::RedisOptions {
+        response_timeout: store_timeout.max(Duration::from_secs(1)) * 2,
+        ..Default::default()
+    };
+    let store = ratelimit::store::redis::RedisStore::new(url, options, clock.clone())
+        .map_err(|e| format!("redis store: {e}"))?;
+    Ok(std::sync::Arc::new(store))
+}
+
 /// A `redis-server` this run started; killed when dropped.
 struct LocalRedis(Child);
 
