@@ -1,5 +1,5 @@
-//! The Redis store failing: stopped (killed), paused (`CLIENT PAUSE`) and refusing auth.
-//! Each check answers within the 1.5 s budget + ε with `shared = false`, and decisions
+//! The Redis store failing: stopped (killed), paused (`CLIENT PAUSE`), refusing auth, and
+//! answering with errors (OOM). Each check answers within the 1.5 s budget + ε with `shared = false`, and decisions
 //! are shared again once Redis is back. Time bounds are the point here, and generous.
 
 mod common;
@@ -134,5 +134,34 @@ async fn a_redis_that_wants_a_password_we_lack_falls_back() {
     let h = start_with(Limits::builtin(), store, clock, None, opts()).await;
     all_fall_back_in_time(&h, 10, "no-password").await;
     let _: () = redis.cmd(&["CONFIG", "SET", "requirepass", ""]).await;
+    shared_again_within(&h, Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_redis_answering_with_errors_falls_back_and_opens_the_breaker() {
+    let redis = RedisServer::start(&[]).await;
+    let h = redis
+        .instance(Limits::builtin(), ManualClock::new(T0), opts())
+        .await;
+    assert!(timed_check(&h, "warm").await.0.shared, "healthy first");
+    // Out of memory: every write is refused with an error reply (OOM), fast.
+    let _: () = redis
+        .cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .await;
+    let _: () = redis.cmd(&["CONFIG", "SET", "maxmemory", "1"]).await;
+    for i in 0..8 {
+        let (r, took) = timed_check(&h, &format!("oom-{i}")).await;
+        assert!(r.allowed && !r.shared, "{r:?}");
+        assert!(
+            took < Duration::from_millis(500),
+            "an error reply is not a wait: {took:?}"
+        );
+    }
+    assert_eq!(
+        h.limiter.breaker_state(),
+        Some(ratelimit::breaker::State::Open),
+        "server errors are store failures"
+    );
+    let _: () = redis.cmd(&["CONFIG", "SET", "maxmemory", "0"]).await;
     shared_again_within(&h, Duration::from_secs(5)).await;
 }
