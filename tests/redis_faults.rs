@@ -1,6 +1,7 @@
 //! The Redis store failing: stopped (killed), paused (`CLIENT PAUSE`), refusing auth, and
-//! answering with errors (OOM). Each check answers within the 1.5 s budget + ε with `shared = false`, and decisions
-//! are shared again once Redis is back. Time bounds are the point here, and generous.
+//! answering with errors (OOM). Each check answers within the 1.5 s budget + ε with
+//! `shared = false`, and decisions are shared again once Redis is back. Time bounds are
+//! the point here, and generous.
 
 mod common;
 
