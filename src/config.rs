@@ -10,6 +10,7 @@ use crate::limits::{Limits, LimitsError};
 use crate::logging::LogFormat;
 use crate::memory_budget::MemoryBudget;
 use crate::server::{ServeOptions, admin::AdminToken};
+use crate::store::redis::{RedisOptions, RedisSetupError, RedisStore};
 use crate::store::rtdb::auth::{self, EmulatorOwner, TokenSource};
 use crate::store::rtdb::target::Target;
 use crate::store::rtdb::{RtdbError, RtdbOptions, RtdbStore};
@@ -122,6 +123,21 @@ pub struct ServeArgs {
     /// requests go to that emulator instead (ns = the URL's first host label).
     #[arg(long, env = "RATELIMIT_DATABASE_URL")]
     pub database_url: Option<String>,
+
+    /// Redis, Valkey or Memorystore URL: redis://[user:password@]host[:port][/db], or
+    /// rediss://… for TLS. Selects the Redis store (not together with --database-url).
+    /// Prefer the environment variable: it holds the password.
+    #[arg(long, env = "RATELIMIT_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+
+    /// Prefix of every Redis key: {prefix}{{limit}:{encodedKey}} (braces: a Cluster hash tag).
+    #[arg(long, env = "RATELIMIT_REDIS_PREFIX", default_value = "rl:")]
+    pub redis_prefix: String,
+
+    /// PEM file of the CA certificates to trust for rediss:// (Memorystore's server CA);
+    /// without it, the public webpki roots.
+    #[arg(long, env = "RATELIMIT_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
 
     /// RTDB path under which counters live: {root}/{limit}/{encodedKey}.
     #[arg(long, env = "RATELIMIT_RTDB_ROOT", default_value = "rateLimits")]
@@ -258,6 +274,14 @@ pub enum ConfigError {
     /// The RTDB store could not be set up.
     #[error(transparent)]
     Rtdb(#[from] RtdbError),
+    /// The Redis store could not be set up.
+    #[error(transparent)]
+    Redis(#[from] RedisSetupError),
+    /// Two stores were selected.
+    #[error(
+        "--database-url (RATELIMIT_DATABASE_URL) and --redis-url (RATELIMIT_REDIS_URL) each select a store; give only one"
+    )]
+    TwoStores,
     /// `$PORT` is not a port number.
     #[error("PORT={0:?} is not a port number")]
     Port(String),
@@ -280,6 +304,21 @@ pub async fn build_store(
     clock: SharedClock,
 ) -> Result<Arc<dyn CounterStore>, ConfigError> {
     let budget = MemoryBudget::new(args.memory_limit);
+    if let Some(url) = args.redis_url.as_deref() {
+        if args.database_url.is_some() {
+            return Err(ConfigError::TwoStores);
+        }
+        let options = RedisOptions {
+            prefix: args.redis_prefix.clone(),
+            ca_file: args.redis_ca_file.clone(),
+            // As for RTDB: the limiter's budget bounds each decision; this is a backstop.
+            response_timeout: args.store_timeout.max(Duration::from_secs(1)) * 2,
+            ..RedisOptions::default()
+        };
+        let store = RedisStore::new(url, options, clock)?;
+        tracing::info!(endpoint = %store.describe(), prefix = %args.redis_prefix, "using the Redis store");
+        return Ok(Arc::new(store));
+    }
     let Some(url) = args.database_url.as_deref() else {
         let bytes = budget.service(false).store;
         return Ok(Arc::new(MemoryStore::with_budget(clock, bytes, "store")));

@@ -3,7 +3,7 @@
 //! The rate-decision service Bladbase runs on Cloud Run. Callers (the MCP service,
 //! uploads, sign-in) ask `Check(limit, key, cost)` over gRPC; counters are fixed windows
 //! shared by every instance through a store (Firebase Realtime Database in production,
-//! process memory by default); when the store is late or failing the service fails open
+//! or Redis / Memorystore; process memory by default); when the store is late or failing the service fails open
 //! to a per-instance window and says so (`shared = false`).
 //!
 //! ## Map of the crate (read in this order)
@@ -17,7 +17,7 @@
 //! - [`breaker`]: the circuit breaker that stops calling a failing store.
 //! - [`fallback`]: what happens when the store cannot answer (per-limit policy).
 //! - [`store`]: the [`store::CounterStore`] trait and its backends
-//!   ([`store::MemoryStore`], [`store::rtdb`]).
+//!   ([`store::MemoryStore`], [`store::rtdb`], [`store::redis`]).
 //! - [`server`]: the gRPC server (service, health, reflection, admin auth).
 //! - [`client`]: the client library callers link (own fallback, breaker, deny-until
 //!   cache, HTTP headers, tower layer) and the `ratelimit check` CLI.

@@ -51,6 +51,9 @@ pub enum StoreKind {
     Memory,
     /// `RtdbStore` over an in-process RTDB emulator.
     Emulator,
+    /// `RedisStore` on `EnvSpec::redis_url` (a redis-server started by `redis_bench.rs`
+    /// or given with `--redis-url`).
+    Redis,
 }
 
 /// What to put under load.
@@ -63,6 +66,8 @@ pub struct EnvSpec {
     pub store: StoreKind,
     pub instances: usize,
     pub emulator_latency: Duration,
+    /// With `StoreKind::Redis`: the server every instance shares.
+    pub redis_url: Option<String>,
     pub store_timeout: Duration,
     pub breaker: BreakerConfig,
     /// Quota leases of the in-process instances (`LeaseOptions::OFF` to compare).
@@ -80,6 +85,7 @@ impl Default for EnvSpec {
             store: StoreKind::Memory,
             instances: 1,
             emulator_latency: Duration::ZERO,
+            redis_url: None,
             store_timeout: LimiterOptions::default().store_timeout,
             breaker: BreakerConfig::default(),
             lease: LeaseOptions::default(),
@@ -156,7 +162,7 @@ impl Env {
         let limits = Limits::from_toml("benches/limits.toml", LIMITS_TOML)
             .map_err(|e| format!("limits: {e}"))?;
         let emulator = match spec.store {
-            StoreKind::Memory => None,
+            StoreKind::Memory | StoreKind::Redis => None,
             StoreKind::Emulator => {
                 let rules: serde_json::Value =
                     serde_json::from_str(include_str!("../../database.rules.json"))
@@ -176,6 +182,11 @@ impl Env {
         for _ in 0..instances {
             let clock = clock::system();
             let store: Arc<dyn CounterStore> = match &emulator {
+                None if spec.store == StoreKind::Redis => crate::redis_bench::store(
+                    spec.redis_url.as_deref(),
+                    spec.store_timeout,
+                    &clock,
+                )?,
                 None => Arc::new(MemoryStore::new(clock.clone())),
                 Some(emu) => {
                     let target = Target::new(DB_URL, Some(&emu.host()), "rateLimits")
@@ -232,6 +243,7 @@ impl Env {
                 emu.host(),
                 spec.emulator_latency.as_millis()
             ),
+            (None, StoreKind::Redis) => "Redis store on one local redis-server".to_owned(),
             (None, _) => "memory store".to_owned(),
         };
         Ok(Env {

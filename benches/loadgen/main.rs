@@ -13,6 +13,7 @@
 
 mod engine;
 mod leases;
+mod redis_bench;
 mod report;
 
 use clap::{Args, Parser, Subcommand};
@@ -59,6 +60,9 @@ enum Command {
     /// Scenario (e): quota leases on and off: a hot key on 16 instances at +60 ms, and
     /// 1,000 keys on 3 instances; writes per admitted check, latency, exactness.
     Leases(leases::LeaseArgs),
+    /// Scenario (f): memory, RTDB (emulator) and Redis side by side, 1 and 3 instances;
+    /// Redis commands per check from INFO commandstats.
+    Redis(redis_bench::RedisArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -74,6 +78,9 @@ struct RunArgs {
     /// In-process store.
     #[arg(long, value_enum, default_value = "memory")]
     store: StoreKind,
+    /// With --store redis: the server's URL (redis://127.0.0.1:6379).
+    #[arg(long)]
+    redis_url: Option<String>,
     /// In-process service instances (all on one emulator with --store emulator).
     #[arg(long, default_value_t = 1)]
     instances: usize,
@@ -202,7 +209,7 @@ fn main() -> std::process::ExitCode {
     if args.len() <= 1 {
         println!("loadgen: no command given; nothing to measure.");
         println!(
-            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|leases> [flags]"
+            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|leases|redis> [flags]"
         );
         println!("       cargo bench --bench loadgen -- help");
         return std::process::ExitCode::SUCCESS;
@@ -251,6 +258,7 @@ async fn execute(
         Command::Outage(a) => outage(a).await,
         Command::Instances(a) => instances(a).await,
         Command::Leases(a) => leases::leases(a).await,
+        Command::Redis(a) => redis_bench::run(a).await,
     }
 }
 
@@ -283,6 +291,7 @@ async fn run(a: RunArgs) -> Result<(), String> {
         targets: a.targets.clone(),
         emulator_control: a.emulator_control.clone(),
         store: a.store,
+        redis_url: a.redis_url.clone(),
         instances: a.instances,
         emulator_latency: a.emulator_latency,
         store_timeout: a.store_timeout,

@@ -14,6 +14,7 @@
 //! a switch in `config.rs`.
 
 pub mod memory;
+pub mod redis;
 pub mod rtdb;
 
 pub use memory::MemoryStore;

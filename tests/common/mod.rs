@@ -144,3 +144,7 @@ pub mod rtdb {
         start_with(limits, store, clock, Some("admin-token"), options).await
     }
 }
+
+/// The Redis side of the harness: a real `redis-server` per test (`redis_server.rs`).
+#[path = "redis_server.rs"]
+pub mod redis;
