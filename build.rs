@@ -13,8 +13,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("ratelimit_descriptor.bin"),
         fds.encode_to_vec(),
     )?;
+    // The server side of the generated code only with the `server` feature: a client-only
+    // build compiles the messages and the client stub.
+    let server = env::var_os("CARGO_FEATURE_SERVER").is_some();
     tonic_prost_build::configure()
-        .build_server(true)
+        .build_server(server)
         .build_client(true)
         .compile_fds(fds)?;
     // compile_fds does not emit this itself.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// How long "exhausted" is believed without asking the store again, by default.
-pub const DEFAULT_TRUST: Duration = Duration::from_secs(1);
+pub(crate) use crate::decision::DEFAULT_DENY_TRUST as DEFAULT_TRUST;
 
 /// When the store said a key was exhausted, and for which window.
 #[derive(Debug, Clone, Copy)]

@@ -14,7 +14,7 @@
 //! A line names a caller key only by its keyed hash (`logging::key_tag`).
 
 use crate::clock::SharedClock;
-use crate::limiter::{Decision, Source};
+use crate::decision::{Decision, Source};
 use crate::limits::{FailurePolicy, Limit};
 use crate::memory_budget::MemoryBudget;
 use crate::store::{MemoryStore, Outcome, StoreError};

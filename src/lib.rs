@@ -6,45 +6,88 @@
 //! or Redis / Memorystore; process memory by default); when the store is late or failing the service fails open
 //! to a per-instance window and says so (`shared = false`).
 //!
+//! This crate is both the service and the Rust client callers link, split by cargo
+//! features (ARCHITECTURE.md, "Library layout"):
+//!
+//! - `client`: what a Rust caller needs, and nothing of the server. Depend on it with
+//!   `bladbase-ratelimit = { default-features = false, features = ["client"] }`.
+//! - `cloud-run-auth`: the client's Google ID tokens for a Cloud Run service behind IAM
+//!   ([`client::IdTokens`], [`client::ClientBuilder::cloud_run_auth`]); adds reqwest.
+//! - `server` (default): the whole service and the `ratelimit` binary.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), ratelimit::client::ClientError> {
+//! use ratelimit::client::Client;
+//! let client = Client::builder("http://127.0.0.1:50051").build()?;
+//! let decision = client.check("mcp", "user@example.com", 1).await?;
+//! if !decision.allowed {
+//!     let headers = client.headers(&decision); // 429 with these
+//! #   drop(headers);
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! ## Map of the crate (read in this order)
 //!
-//! - [`limits`]: named limits from a TOML file, validated at startup.
+//! What a caller uses (feature `client`):
+//!
+//! - [`decision`]: [`decision::Decision`] and [`decision::Source`], outcome → decision,
+//!   and the input rules every check passes (key, cost).
+//! - [`limits`]: named limits from a TOML file, validated.
 //! - [`window`], [`clock`]: fixed-window arithmetic and the injectable clock.
-//! - [`limiter`]: the decision path, top to bottom; no gRPC in it.
-//! - [`coalesce`], [`lease`], [`deny_cache`]: what stands in front of a remote store
-//!   (per-key single flight and batching; quota leases for hot keys; exhausted keys
-//!   denied without a call).
-//! - [`breaker`]: the circuit breaker that stops calling a failing store.
-//! - [`fallback`]: what happens when the store cannot answer (per-limit policy).
-//! - [`store`]: the [`store::CounterStore`] trait and its backends
-//!   ([`store::MemoryStore`], [`store::rtdb`], [`store::redis`]).
-//! - [`server`]: the gRPC server (service, health, reflection, admin auth).
-//! - [`client`]: the client library callers link (own fallback, breaker, deny-until
-//!   cache, HTTP headers, tower layer) and the `ratelimit check` CLI.
+//! - [`client`]: the client (own fallback window, breaker, deny-until cache), its HTTP
+//!   headers ([`client::headers`]) and tower layer ([`client::layer`]).
+//! - [`fallback`]: fail-open decisions per policy in a process's own window
+//!   ([`fallback::LocalWindow`], shared by the service and the client).
+//! - [`breaker`]: the circuit breaker state machine (the service's and the client's).
+//! - [`store`]: the [`store::CounterStore`] trait, its types and [`store::MemoryStore`].
 //! - [`memory_budget`]: the byte budget every cache and window map is bounded by.
-//! - [`config`]: command-line flags and environment variables.
-//! - [`logging`], [`metrics`]: text/JSON logs and Prometheus metrics (names live there).
-//! - [`pb`]: generated protobuf code.
+//! - [`metrics`]: every Prometheus metric name (recorded by service and client alike).
+//! - [`pb`]: generated protobuf code and the gRPC client stub.
+//!
+//! The service (feature `server`):
+//!
+//! - [`limiter`]: the decision path, top to bottom; no gRPC in it. In front of a remote
+//!   store it uses crate-internal modules: `coalesce` (per-key single flight and
+//!   batching), `lease` (quota leases for hot keys; [`limiter::LeaseOptions`] is public)
+//!   and `deny_cache` (exhausted keys denied without a call).
+//! - [`store::rtdb`], [`store::redis`]: the shared stores.
+//! - [`server`]: the gRPC server (service, health, reflection, admin auth).
+//! - [`logging`]: text/JSON logs; caller keys only as keyed hashes.
+//!
+//! Hidden from these docs, public only for the `ratelimit` binary, the tests and the
+//! benchmarks: `config` (flags, environment variables, the store switch) and the store
+//! internals `store::rtdb::{keys, target, auth}` and `store::redis::{encode, decode}`.
+//! They may change without notice.
 //!
 //! The binary (`src/main.rs`) only parses flags and wires these together.
 
 pub mod breaker;
 pub mod client;
 pub mod clock;
-pub mod coalesce;
-pub mod config;
-pub mod deny_cache;
+pub mod decision;
 pub mod fallback;
-pub mod lease;
-pub mod limiter;
 pub mod limits;
-pub mod logging;
 pub mod memory_budget;
 pub mod metrics;
 pub mod pb;
-pub mod server;
 pub mod store;
 pub mod window;
+
+#[cfg(feature = "server")]
+pub(crate) mod coalesce;
+#[doc(hidden)]
+#[cfg(feature = "server")]
+pub mod config;
+#[cfg(feature = "server")]
+pub(crate) mod deny_cache;
+#[cfg(feature = "server")]
+pub(crate) mod lease;
+#[cfg(feature = "server")]
+pub mod limiter;
+pub mod logging;
+#[cfg(feature = "server")]
+pub mod server;
 
 /// Installs the process-wide rustls crypto provider (ring). reqwest is built without a
 /// provider of its own (so only one is compiled in) and panics on `Client::new()` unless

@@ -12,188 +12,24 @@
 //!
 //! A store failure is never an error here; only bad input is.
 
-use crate::breaker::{self, Breaker, BreakerConfig, Guarded};
+use crate::breaker::guarded::Guarded;
+use crate::breaker::{self, Breaker, BreakerConfig};
 use crate::clock::SharedClock;
 use crate::coalesce::{Coalescer, Served};
+use crate::decision::{CheckError, Decision, ResetOutcome, Source, resolve_cost, validate_key};
 use crate::deny_cache::DenyCache;
 use crate::fallback::{Fallback, LocalWindow};
-use crate::lease::LeaseOptions;
-use crate::limits::{Limit, Limits, UnknownLimit};
+pub use crate::lease::LeaseOptions;
+use crate::limits::{Limit, Limits};
 use crate::memory_budget::MemoryBudget;
 use crate::metrics;
-use crate::store::{self, CounterStore, Outcome, StoreError, WindowCount};
+use crate::store::{self, CounterStore, Outcome, StoreError};
 use crate::window;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Longest accepted key, in bytes of UTF-8.
-pub const MAX_KEY_BYTES: usize = 512;
-/// How long a check denied for contention is told to wait.
-const CONTENDED_RETRY: Duration = Duration::from_secs(1);
 /// Default store budget per decision (ADR-0006: 1.5 s).
 pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(1_500);
-
-/// Where a decision came from (mirrors the proto's `Source`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// The shared store decided.
-    Store,
-    /// The key was known to be exhausted for this window; no store call was made.
-    DenyCache,
-    /// The store failed; this instance's own window decided.
-    LocalFallback,
-    /// The store failed; the limit's `allow`/`deny` policy decided.
-    FailurePolicy,
-    /// The client library could not reach the service and decided alone.
-    ClientFallback,
-    /// Admitted from this instance's quota lease: hits already counted in the store.
-    Lease,
-}
-
-impl Source {
-    /// A short, stable name for logs, metrics and the CLI.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::Store => "store",
-            Source::DenyCache => "deny_cache",
-            Source::LocalFallback => "local_fallback",
-            Source::FailurePolicy => "failure_policy",
-            Source::ClientFallback => "client_fallback",
-            Source::Lease => "lease",
-        }
-    }
-}
-
-/// A rate decision, with everything a caller needs for its response headers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    /// Whether the request is admitted (its cost has been counted).
-    pub allowed: bool,
-    /// Requests per window (`x-ratelimit-limit`).
-    pub limit: u32,
-    /// Requests left in this window after this decision (`x-ratelimit-remaining`).
-    pub remaining: u32,
-    /// Time until the window ends, whole seconds rounded up (`x-ratelimit-reset`).
-    pub reset_after: Duration,
-    /// When denied: time to wait, whole seconds rounded up (`retry-after`).
-    pub retry_after: Option<Duration>,
-    /// False when this instance decided alone.
-    pub shared: bool,
-    /// Where the decision came from.
-    pub source: Source,
-    /// The limit that decided.
-    pub limit_name: Arc<str>,
-    /// The window number.
-    pub window: i64,
-}
-
-impl Decision {
-    /// A decision for `limit` at `now_ms` from a counter `outcome` in `window`.
-    pub fn from_outcome(
-        limit: &Limit,
-        now_ms: u64,
-        window: i64,
-        outcome: Outcome,
-        source: Source,
-    ) -> Self {
-        let reset_after = whole_secs(window::until_end(now_ms, window, limit.window_ms));
-        Self {
-            allowed: outcome.allowed,
-            limit: limit.requests,
-            remaining: limit.requests.saturating_sub(outcome.count),
-            reset_after,
-            retry_after: (!outcome.allowed).then_some(reset_after),
-            shared: matches!(source, Source::Store | Source::DenyCache | Source::Lease),
-            source,
-            limit_name: limit.name.clone(),
-            window,
-        }
-    }
-
-    /// A check denied because every write it had time for lost a race on the store (it
-    /// is busy, not failing): shared, nothing counted, retry after a second (or when the
-    /// window ends, if sooner). `remaining` is 0: no hit can be promised right now.
-    pub fn contended(limit: &Limit, now_ms: u64, window: i64) -> Self {
-        let outcome = Outcome {
-            allowed: false,
-            count: limit.requests,
-        };
-        let mut d = Self::from_outcome(limit, now_ms, window, outcome, Source::Store);
-        d.retry_after = Some(
-            CONTENDED_RETRY
-                .min(d.reset_after)
-                .max(Duration::from_secs(1)),
-        );
-        d
-    }
-
-    /// A decision that only reports `state` (a peek): allowed iff one more hit would fit.
-    pub fn from_state(limit: &Limit, now_ms: u64, state: WindowCount, source: Source) -> Self {
-        let outcome = Outcome {
-            allowed: state.count < limit.requests,
-            count: state.count,
-        };
-        Self::from_outcome(limit, now_ms, state.window, outcome, source)
-    }
-}
-
-fn whole_secs(d: Duration) -> Duration {
-    Duration::from_secs(window::ceil_secs(d))
-}
-
-/// Bad input. Each message names the field and the rule.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum CheckError {
-    /// `key` is empty.
-    #[error("key: must not be empty")]
-    EmptyKey,
-    /// `key` is longer than [`MAX_KEY_BYTES`].
-    #[error("key: must be at most {MAX_KEY_BYTES} bytes of UTF-8, got {0} bytes")]
-    KeyTooLong(usize),
-    /// `cost` exceeds the limit's requests, so it could never be admitted.
-    #[error("cost: must not exceed the {requests} requests of limit {limit:?}, got {cost}")]
-    CostTooLarge {
-        cost: u32,
-        requests: u32,
-        limit: String,
-    },
-    /// The limit name is not configured.
-    #[error(transparent)]
-    UnknownLimit(#[from] UnknownLimit),
-}
-
-/// Checks a key against the key rules (DESIGN §3).
-pub fn validate_key(key: &str) -> Result<(), CheckError> {
-    match key.len() {
-        0 => Err(CheckError::EmptyKey),
-        n if n > MAX_KEY_BYTES => Err(CheckError::KeyTooLong(n)),
-        _ => Ok(()),
-    }
-}
-
-/// Resolves `cost` (0 means 1) and checks that it can ever fit in `limit`.
-pub fn resolve_cost(limit: &Limit, cost: u32) -> Result<u32, CheckError> {
-    let cost = cost.max(1);
-    if cost > limit.requests {
-        return Err(CheckError::CostTooLarge {
-            cost,
-            requests: limit.requests,
-            limit: limit.name.to_string(),
-        });
-    }
-    Ok(cost)
-}
-
-/// What a reset did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResetOutcome {
-    /// The limit whose window was cleared.
-    pub limit_name: Arc<str>,
-    /// The window number at the time of the reset.
-    pub window: i64,
-    /// False when the store failed and only this instance's window was cleared.
-    pub shared: bool,
-}
 
 /// Tunables of the decision path.
 #[derive(Debug, Clone)]

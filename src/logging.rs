@@ -1,4 +1,4 @@
-//! Log output: human text on a terminal, or JSON lines that Cloud Logging understands
+//! Log output (feature `server`): human text on a terminal, or JSON lines that Cloud Logging understands
 //! (`severity`, `message`, `time`, fields) on Cloud Run, where `K_SERVICE` is set.
 //!
 //! Secrets stay out of logs by construction: the admin token's `Debug` is redacted, RTDB
@@ -11,13 +11,18 @@
 //! process and means nothing outside it. Store errors carry no URLs (reqwest errors are
 //! stripped of theirs) and name RTDB nodes by the limit and the key's tag.
 
+#[cfg(feature = "server")]
 use clap::ValueEnum;
 use ring::hmac;
 use std::sync::OnceLock;
+#[cfg(feature = "server")]
 use tracing_subscriber::EnvFilter;
+#[cfg(feature = "server")]
 use tracing_subscriber::layer::SubscriberExt;
+#[cfg(feature = "server")]
 use tracing_subscriber::util::SubscriberInitExt;
 
+#[cfg(feature = "server")]
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -27,6 +32,7 @@ pub enum LogFormat {
     Json,
 }
 
+#[cfg(feature = "server")]
 impl LogFormat {
     /// JSON on Cloud Run (`K_SERVICE` is set there), text elsewhere.
     pub fn detect() -> Self {
@@ -38,6 +44,7 @@ impl LogFormat {
     }
 }
 
+#[cfg(feature = "server")]
 /// Dependencies whose verbose levels may print request headers.
 const QUIET: &[&str] = &[
     "h2=info",
@@ -49,6 +56,7 @@ const QUIET: &[&str] = &[
     "rustls=info",
 ];
 
+#[cfg(feature = "server")]
 fn filter(spec: &str) -> EnvFilter {
     let mut f = EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new("info"));
     for d in QUIET {
@@ -59,6 +67,7 @@ fn filter(spec: &str) -> EnvFilter {
     f
 }
 
+#[cfg(feature = "server")]
 /// Installs the global subscriber. `spec` is an `EnvFilter` directive such as `info`.
 pub fn init(format: LogFormat, spec: &str) {
     let registry = tracing_subscriber::registry().with(filter(spec));

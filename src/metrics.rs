@@ -18,10 +18,12 @@
 //! | `ratelimit_cache_evictions_total` | counter | `cache`: entries evicted for the memory budget (`store`, `fallback_window`, `deny`, `rtdb_nodes`, `client_window`, `client_deny`; see `memory_budget.rs`) |
 
 use crate::breaker::State;
-use crate::limiter::{Decision, Source};
+use crate::decision::{Decision, Source};
 use metrics::{Counter, Gauge, counter, gauge, histogram};
+#[cfg(feature = "server")]
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::collections::HashMap;
+#[cfg(feature = "server")]
 use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
@@ -37,6 +39,7 @@ const IN_FLIGHT: &str = "ratelimit_checks_in_flight";
 const SHED: &str = "ratelimit_shed_total";
 const EVICTIONS: &str = "ratelimit_cache_evictions_total";
 
+#[cfg(feature = "server")]
 /// Store latency buckets (seconds): RTDB round trips are ~10–100 ms; the budget is 1.5 s.
 const STORE_BUCKETS: &[f64] = &[
     0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0,
@@ -185,6 +188,7 @@ fn in_flight_gauge() -> Gauge {
     g
 }
 
+#[cfg(feature = "server")]
 /// Why the metrics endpoint could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -199,6 +203,7 @@ pub enum MetricsError {
     },
 }
 
+#[cfg(feature = "server")]
 /// Installs the process-wide Prometheus recorder and serves `GET /metrics` on `addr`
 /// in the background. Returns the bound address.
 pub async fn serve(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
@@ -238,6 +243,7 @@ pub async fn serve(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
     Ok(bound)
 }
 
+#[cfg(feature = "server")]
 async fn render(handle: PrometheusHandle) -> String {
     handle.render()
 }

@@ -3,7 +3,7 @@
 //! reused, and when none can be had the client decides locally without calling.
 
 use ratelimit::client::{Client, IdTokens};
-use ratelimit::limiter::Source;
+use ratelimit::decision::Source;
 use ratelimit::pb;
 use ratelimit::pb::rate_limiter_server::{RateLimiter, RateLimiterServer};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,7 +3,7 @@
 //! expects. The Node package's `headers()` is checked against the same file
 //! (`clients/node/tests/headers.test.mjs`), so both clients render a decision alike.
 
-use ratelimit::limiter::{Decision, Source};
+use ratelimit::decision::{Decision, Source};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -485,7 +485,7 @@ async fn running_out_of_attempts_is_contention_and_is_retried_not_fallen_back() 
     let limiter = stale_tag_limiter(&emu, 1).await;
     let d = limiter.check("", "raced", 1, None).await.expect("ok");
     assert!(d.allowed && d.shared, "{d:?}");
-    assert_eq!(d.source, ratelimit::limiter::Source::Store);
+    assert_eq!(d.source, ratelimit::decision::Source::Store);
     assert_eq!(
         d.remaining,
         120 - 11,

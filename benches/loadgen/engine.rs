@@ -13,7 +13,7 @@
 use crate::report::CpuSampler;
 use ratelimit::breaker::{BreakerConfig, State};
 use ratelimit::clock;
-use ratelimit::lease::LeaseOptions;
+use ratelimit::limiter::LeaseOptions;
 use ratelimit::limiter::{Limiter, LimiterOptions};
 use ratelimit::limits::Limits;
 use ratelimit::pb::rate_limiter_client::RateLimiterClient;

@@ -10,7 +10,7 @@ use crate::engine::{Env, EnvSpec, RunResult, RunSpec, StoreKind};
 use crate::print_runs;
 use clap::Args;
 use ratelimit::config::parse_duration;
-use ratelimit::lease::LeaseOptions;
+use ratelimit::limiter::LeaseOptions;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Args)]

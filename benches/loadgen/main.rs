@@ -20,7 +20,7 @@ use clap::{Args, Parser, Subcommand};
 use engine::{Env, EnvSpec, RunResult, RunSpec, StoreKind};
 use ratelimit::breaker::BreakerConfig;
 use ratelimit::config::parse_duration;
-use ratelimit::lease::LeaseOptions;
+use ratelimit::limiter::LeaseOptions;
 use std::time::Duration;
 
 #[derive(Debug, Parser)]

@@ -8,7 +8,7 @@
 //! that succeeds closes the breaker and decisions are shared again, one that fails
 //! re-opens it for another cool-down.
 //!
-//! [`Guarded`] (`guarded.rs`) puts it in front of a store as a `CounterStore` decorator,
+//! `Guarded` (`guarded.rs`) puts it in front of a store as a `CounterStore` decorator,
 //! so it sees each real store call exactly once, whatever batching happens above it.
 //! Each guarded call runs in its own task, bounded by the store timeout and reporting its
 //! own result, so a caller whose deadline runs out can leave without the call being cut
@@ -16,17 +16,16 @@
 //! that caller a local answer, never everyone a cool-down.
 //!
 //! The client library (`client`) reuses [`Breaker`] in front of its calls to the service,
-//! through [`Breaker::attempt`] (the same leave-and-report API [`Guarded`] uses).
+//! through [`Breaker::attempt`] (the same leave-and-report API `Guarded` uses).
 //!
-//! What counts as a failure ([`counts_against_store`]): the store not answering within
+//! What counts as a failure (`counts_against_store`): the store not answering within
 //! its own timeout or answering with an error that is its own (connection errors, 5xx,
 //! 401/403 auth, 429, unknown outcomes). What does not: a `4xx` caused by the request
 //! (that check fails open alone), a node of the wrong shape, lost transaction races, and
 //! a call abandoned by its caller; none of them says anything about the store's health.
 
-mod guarded;
-
-pub use guarded::{Guarded, counts_against_store};
+#[cfg(feature = "server")]
+pub(crate) mod guarded;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -282,6 +281,7 @@ impl Drop for Attempt<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::guarded::counts_against_store;
     use super::*;
     use crate::store::StoreError;
     use std::sync::Arc;

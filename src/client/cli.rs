@@ -6,9 +6,10 @@
 //! errors exit 2 as well). With no service reachable it still answers, from its own
 //! window (`"shared": false`).
 
-use super::{Client, ClientError};
+use super::error::ClientError;
+use super::handle::Client;
 use crate::config::CheckArgs;
-use crate::limiter::Decision;
+use crate::decision::Decision;
 use std::process::ExitCode;
 
 /// Exit code of an allowed check.

@@ -8,7 +8,7 @@
 //!   anyway); a smaller check still goes to the service, which may admit it;
 //! - it follows the client's injectable clock, so tests can step past `retry_after`.
 //!
-//! A refusal is **trusted for `trust`** (default 1 s, [`crate::deny_cache::DEFAULT_TRUST`])
+//! A refusal is **trusted for `trust`** (default 1 s, [`crate::decision::DEFAULT_DENY_TRUST`])
 //! at most, however long `retry_after` is: a Reset made elsewhere (through another
 //! client or instance) frees the key, and this process hears of it only by asking. So a
 //! refused key costs at most one RPC per `trust` (answered by the service from its own
@@ -19,7 +19,7 @@
 //! policy (`deny` while the store is down) says nothing about the key's usage, and the
 //! client's own fallback refusals are already answered without the service.
 
-use crate::limiter::{Decision, Source};
+use crate::decision::{Decision, Source};
 use crate::memory_budget;
 use crate::window;
 use moka::Expiry;

@@ -16,7 +16,7 @@
 //! length, which a [`Decision`] does not carry; [`super::Client::headers`] adds it from
 //! the limits the client knows, or it is passed to [`Decision::headers_with_policy`].
 
-use crate::limiter::Decision;
+use crate::decision::Decision;
 use crate::window;
 use http::StatusCode;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -131,7 +131,7 @@ fn sf_string(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Source;
+    use crate::decision::Source;
     use std::sync::Arc;
 
     fn decision(allowed: bool, remaining: u32, reset_ms: u64, retry_ms: Option<u64>) -> Decision {

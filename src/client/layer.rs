@@ -28,7 +28,7 @@
 //!   configuration bug: `500`, logged, so that it is found at once rather than in an
 //!   outage.
 
-use super::Client;
+use super::handle::Client;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, StatusCode};
 use std::future::Future;

@@ -4,34 +4,12 @@
 //! Sign-in resets a key after a successful login; without clearing the client's own
 //! deny-until cache, this process would go on refusing the user for up to a second.
 
-use super::{CallError, Client, ClientError, Unavailable};
-use crate::limiter::{ResetOutcome, validate_key};
+use super::admin::AdminHeader;
+use super::error::{CallError, ClientError, Unavailable};
+use super::handle::Client;
+use crate::decision::{ResetOutcome, validate_key};
 use crate::pb;
 use tonic::Code;
-use tonic::metadata::AsciiMetadataValue;
-
-/// `authorization: Bearer <admin token>`, marked sensitive; its `Debug` is redacted.
-#[derive(Clone)]
-pub(super) struct AdminHeader(AsciiMetadataValue);
-
-impl AdminHeader {
-    /// `None` for an empty token or one that cannot be a header value.
-    pub(super) fn new(token: &str) -> Option<Self> {
-        let token = token.trim();
-        if token.is_empty() {
-            return None;
-        }
-        let mut value: AsciiMetadataValue = format!("Bearer {token}").parse().ok()?;
-        value.set_sensitive(true);
-        Some(Self(value))
-    }
-}
-
-impl std::fmt::Debug for AdminHeader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AdminHeader(<redacted>)")
-    }
-}
 
 impl Client {
     /// Clears `key`'s window under `limit` (empty: the default) through the service, and

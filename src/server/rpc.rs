@@ -2,7 +2,8 @@
 //! [`Limiter`]. No decision logic lives here.
 
 use super::admin::{self, AdminToken};
-use crate::limiter::{CheckError, Decision, Limiter, Source};
+use crate::decision::{CheckError, Decision, Source};
+use crate::limiter::Limiter;
 use crate::metrics;
 use crate::pb;
 use crate::pb::rate_limiter_server::RateLimiter;

@@ -18,7 +18,7 @@
 //! - The count is an `AtomicU32` updated by compare-and-swap of the whole batch, so a
 //!   batch is applied atomically without a lock.
 
-use super::{Admission, CounterStore, StoreError, WindowCount, apply_batch};
+use super::counter::{Admission, CounterStore, StoreError, WindowCount, apply_batch};
 use crate::clock::SharedClock;
 use crate::limits::Limit;
 use crate::memory_budget::{self, MemoryBudget};

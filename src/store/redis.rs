@@ -30,9 +30,11 @@
 //! Batching, single flight, the breaker, the budget and the deny-until cache stay in the
 //! limiter, as for RTDB.
 
-use super::{Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count};
 use crate::clock::SharedClock;
 use crate::limits::Limit;
+use crate::store::counter::{
+    Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count,
+};
 use async_trait::async_trait;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use redis::aio::MultiplexedConnection;

@@ -25,7 +25,7 @@
 //! `gcloud`, so [`discover`] bounds it and turns failure into a message that says how
 //! to fix it.
 
-use super::super::StoreError;
+use crate::store::counter::StoreError;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use std::sync::{Arc, RwLock};

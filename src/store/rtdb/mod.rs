@@ -37,9 +37,11 @@ pub mod keys;
 mod reply;
 pub mod target;
 
-use super::{Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count};
 use crate::clock::SharedClock;
 use crate::limits::Limit;
+use crate::store::counter::{
+    Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count,
+};
 use async_trait::async_trait;
 use auth::TokenSource;
 use moka::sync::Cache;
@@ -271,7 +273,7 @@ impl RtdbStore {
             Some(n) => n,
             None => self.read(target).await?,
         };
-        let deadline = super::deadline();
+        let deadline = crate::store::counter::deadline();
         let mut last_attempt: Option<Duration> = None;
         let mut reread = false;
         for attempt in 0..self.max_attempts {

@@ -6,7 +6,7 @@
 //! `logging::key_tag`), reqwest errors are stripped of their URL, and an error body that
 //! echoes the node's path has it replaced.
 
-use crate::store::{StoreError, WindowCount};
+use crate::store::counter::{StoreError, WindowCount};
 use reqwest::StatusCode;
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::limiter::MAX_KEY_BYTES;
+use crate::decision::MAX_KEY_BYTES;
 use proptest::prelude::*;
 
 /// The longest node path any valid key can produce: longest root, limit name and
