@@ -3,6 +3,13 @@
 //! Fixed windows are numbered from Unix time (`floor(unix_ms / window_ms)`), so every
 //! instance must read the same kind of clock: wall time, not a monotonic one. Making it a
 //! trait lets tests move time across a window boundary without sleeping.
+//!
+//! ```
+//! use ratelimit::clock::{Clock, ManualClock};
+//! let clock = ManualClock::new(1_000);
+//! clock.advance(59_000);
+//! assert_eq!(clock.now_ms(), 60_000); // a test moves time, never sleeps
+//! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,6 +2,10 @@
 //! configuration. Every flag has an environment variable (Cloud Run passes config as
 //! env); the store switch lives here, so adding a backend is one arm in [`build_store`].
 
+// The doc comments below are clap's `--help` text, written for a terminal (`<db>`,
+// `[user:password@]`), not rustdoc markup.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 use crate::breaker::BreakerConfig;
 use crate::clock::SharedClock;
 use crate::lease::LeaseOptions;

@@ -12,6 +12,25 @@
 //! Every such decision says `shared = false`. The logging is aggregated (see
 //! [`FallbackLog`]): an outage at 1,000 checks/s must not write 1,000 lines a second.
 //! A line names a caller key only by its keyed hash (`logging::key_tag`).
+//!
+//! ```
+//! use ratelimit::clock::ManualClock;
+//! use ratelimit::decision::Source;
+//! use ratelimit::fallback::LocalWindow;
+//! use ratelimit::limits::Limit;
+//! use std::{sync::Arc, time::Duration};
+//!
+//! let clock = Arc::new(ManualClock::new(0));
+//! let local = LocalWindow::new(clock.clone());
+//! let signin = Limit::new("signin", 2, Duration::from_secs(60)); // policy `local`
+//! let a = local.fail_open(&signin, "ip-1", 1, Source::ClientFallback);
+//! let b = local.fail_open(&signin, "ip-1", 1, Source::ClientFallback);
+//! let c = local.fail_open(&signin, "ip-1", 1, Source::ClientFallback);
+//! assert!(a.allowed && b.allowed && !c.allowed);
+//! assert!(!c.shared); // this process decided alone
+//! clock.advance(60_000); // next window
+//! assert!(local.fail_open(&signin, "ip-1", 1, Source::ClientFallback).allowed);
+//! ```
 
 use crate::clock::SharedClock;
 use crate::decision::{Decision, Source};

@@ -15,16 +15,30 @@
 //!   ([`client::IdTokens`], [`client::ClientBuilder::cloud_run_auth`]); adds reqwest.
 //! - `server` (default): the whole service and the `ratelimit` binary.
 //!
-//! ```no_run
-//! # async fn run() -> Result<(), ratelimit::client::ClientError> {
+//! A caller asks the service and always gets an answer, even when the service is down
+//! (here nothing listens on port 1, so the client decides in its own window):
+//!
+//! ```
 //! use ratelimit::client::Client;
-//! let client = Client::builder("http://127.0.0.1:50051").build()?;
+//! use ratelimit::decision::Source;
+//! use std::time::Duration;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! # rt.block_on(async {
+//! let client = Client::builder("http://127.0.0.1:1")
+//!     .deadline(Duration::from_millis(300))
+//!     .build()?;
 //! let decision = client.check("mcp", "user@example.com", 1).await?;
-//! if !decision.allowed {
-//!     let headers = client.headers(&decision); // 429 with these
-//! #   drop(headers);
-//! }
-//! # Ok(()) }
+//! assert!(decision.allowed);
+//! assert!(!decision.shared); // decided by this process alone
+//! assert_eq!(decision.source, Source::ClientFallback);
+//! let headers = client.headers(&decision); // on the caller's HTTP response
+//! assert_eq!(headers["x-ratelimit-limit"], "120");
+//! // Bad input is the caller's error, found before any RPC:
+//! assert!(client.check("mcp", "", 1).await.unwrap_err().is_bad_key());
+//! # Ok::<(), Box<dyn std::error::Error>>(()) })
+//! # }
 //! ```
 //!
 //! ## Map of the crate (read in this order)
@@ -57,7 +71,8 @@
 //!
 //! Hidden from these docs, public only for the `ratelimit` binary, the tests and the
 //! benchmarks: `config` (flags, environment variables, the store switch) and the store
-//! internals `store::rtdb::{keys, target, auth}` and `store::redis::{encode, decode}`.
+//! internals `store::rtdb::keys`, `store::redis::{encode, decode}` and
+//! `store::{deadline, within}` (the batch deadline as the backends read it).
 //! They may change without notice.
 //!
 //! The binary (`src/main.rs`) only parses flags and wires these together.

@@ -18,6 +18,20 @@
 //! window = "15m"
 //! on_store_failure = "deny"
 //! ```
+//!
+//! In code (the client's fallback limits, tests):
+//!
+//! ```
+//! use ratelimit::limits::{FailurePolicy, Limits};
+//! let toml = "[[limit]]\nname = \"mcp\"\nrequests = 120\nwindow = \"60s\"\ndefault = true\n";
+//! let limits = Limits::from_toml("limits.toml", toml)?;
+//! let mcp = limits.get("")?; // empty: the default limit
+//! assert_eq!((&*mcp.name, mcp.requests, mcp.window().as_secs()), ("mcp", 120, 60));
+//! assert_eq!(mcp.on_store_failure, FailurePolicy::Local);
+//! let bad = Limits::from_toml("limits.toml", "[[limit]]\nname = \"x\"\nrequests = 0\nwindow = \"1s\"\n");
+//! assert!(bad.is_err());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use serde::Deserialize;
 use std::collections::HashSet;

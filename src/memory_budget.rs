@@ -27,6 +27,15 @@
 //!
 //! The budget bounds these maps, not the process: the runtime, connections, buffers and
 //! the allocator's slack come on top (BENCHMARKS.md, "Memory budget").
+//!
+//! ```
+//! use ratelimit::memory_budget::{MemoryBudget, parse_memory_limit};
+//! let bytes = parse_memory_limit("64MiB")?;
+//! let shares = MemoryBudget::new(bytes).client();
+//! assert_eq!(shares.window + shares.deny, bytes); // 3/4 window, 1/4 deny-until
+//! assert!(parse_memory_limit("64 potatoes").is_err());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use moka::notification::RemovalCause;
 use moka::sync::{Cache, CacheBuilder};

@@ -3,6 +3,16 @@
 //! Windows are aligned to the Unix epoch (`w = floor(unix_ms / window_ms)`), so every
 //! instance and the client library's fallback agree on the window number without talking
 //! to each other. All functions are pure; the clock is read by the caller.
+//!
+//! ```
+//! use ratelimit::window;
+//! // A 60 s window: 125 s after the epoch is window 2, which ends at 180 s.
+//! assert_eq!(window::number(125_000, 60_000), 2);
+//! assert_eq!(window::end_ms(2, 60_000), 180_000);
+//! let left = window::until_end(125_000, 2, 60_000);
+//! assert_eq!(left.as_millis(), 55_000);
+//! assert_eq!(window::ceil_secs(std::time::Duration::from_millis(54_001)), 55);
+//! ```
 
 use std::time::Duration;
 

@@ -23,6 +23,19 @@
 //! 401/403 auth, 429, unknown outcomes). What does not: a `4xx` caused by the request
 //! (that check fails open alone), a node of the wrong shape, lost transaction races, and
 //! a call abandoned by its caller; none of them says anything about the store's health.
+//!
+//! ```
+//! use ratelimit::breaker::{Breaker, BreakerConfig, State};
+//! use std::time::Duration;
+//!
+//! let breaker = Breaker::new(BreakerConfig { failures: 2, cooldown: Duration::from_secs(2) });
+//! for _ in 0..2 {
+//!     let attempt = breaker.attempt().expect("closed: calls go out");
+//!     attempt.finish(false, "unavailable"); // the call failed
+//! }
+//! assert_eq!(breaker.state(), State::Open);
+//! assert!(breaker.attempt().is_none()); // answer locally at once
+//! ```
 
 #[cfg(feature = "server")]
 pub(crate) mod guarded;

@@ -87,7 +87,7 @@ impl Client {
         self.inner.known.get(name).map(|l| l.window())
     }
 
-    /// The caller's response headers for `decision` (see [`headers`]), with
+    /// The caller's response headers for `decision` (see [`headers`](super::headers)), with
     /// `RateLimit-Policy` when the client knows the limit's window.
     pub fn headers(&self, decision: &Decision) -> HeaderMap {
         let mut headers = HeaderMap::new();

@@ -15,6 +15,22 @@
 //! `Retry-After` should not point before `t`). `RateLimit-Policy` needs the window's
 //! length, which a [`Decision`] does not carry; [`super::Client::headers`] adds it from
 //! the limits the client knows, or it is passed to [`Decision::headers_with_policy`].
+//!
+//! ```
+//! use ratelimit::decision::{Decision, Source};
+//! use ratelimit::limits::Limit;
+//! use ratelimit::store::Outcome;
+//! use std::time::Duration;
+//!
+//! let mcp = Limit::new("mcp", 120, Duration::from_secs(60));
+//! let outcome = Outcome { allowed: false, count: 120 };
+//! let denied = Decision::from_outcome(&mcp, 18_000, 0, outcome, Source::Store);
+//! assert_eq!(denied.refusal_status().map(|s| s.as_u16()), Some(429));
+//! let h = denied.headers_with_policy(mcp.window());
+//! assert_eq!(h["x-ratelimit-remaining"], "0");
+//! assert_eq!(h["retry-after"], "42");
+//! assert_eq!(h["ratelimit-policy"], "\"mcp\";q=120;w=60");
+//! ```
 
 use crate::decision::Decision;
 use crate::window;

@@ -158,12 +158,14 @@ pub async fn with_deadline<F: std::future::Future>(
 }
 
 /// The deadline of the store call being made, if its caller set one ([`with_deadline`]).
+#[doc(hidden)]
 pub fn deadline() -> Option<std::time::Instant> {
     DEADLINE.try_with(|d| *d).ok()
 }
 
 /// Runs a store call within `budget`; running out of time is [`StoreError::Timeout`].
 /// Every bounded store call goes through here, so a timeout means the same everywhere.
+#[doc(hidden)]
 pub async fn within<T>(
     budget: Duration,
     call: impl std::future::Future<Output = Result<T, StoreError>>,

@@ -12,6 +12,21 @@
 //!
 //! Adding a backend (Redis, say) is one new file here implementing [`CounterStore`], plus
 //! a switch in `config.rs`.
+//!
+//! ```
+//! use ratelimit::clock::ManualClock;
+//! use ratelimit::limits::Limit;
+//! use ratelimit::store::MemoryStore;
+//! use std::{sync::Arc, time::Duration};
+//!
+//! let store = MemoryStore::new(Arc::new(ManualClock::new(0)));
+//! let limit = Limit::new("mcp", 3, Duration::from_secs(60));
+//! // One batch of three checks costing 2, 1 and 1: the last does not fit.
+//! let admission = store.admit_now(&limit, "k", 0, &[2, 1, 1]);
+//! let allowed: Vec<bool> = admission.outcomes.iter().map(|o| o.allowed).collect();
+//! assert_eq!(allowed, [true, true, false]);
+//! assert_eq!(store.peek_now(&limit, "k", 0).count, 3);
+//! ```
 
 pub mod counter;
 pub mod memory;

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 /// arrive a little after it, and instance clocks differ slightly.
 pub const GRACE: Duration = Duration::from_secs(5);
 
-/// The admission script. KEYS[1]: the counter. ARGV: window, limit, now_ms, window_ms,
+/// The admission script. `KEYS[1]`: the counter. ARGV: window, limit, now_ms, window_ms,
 /// grace_ms, then the costs in order. Answers `{had, stored_window, stored_count,
 /// window, count}`; writes only when something was admitted.
 pub const ADMIT: &str = r#"
@@ -75,7 +75,7 @@ end
 return {had, sw, sc, w, c}
 "#;
 
-/// The give-back script (unspent quota leases). KEYS[1]: the counter. ARGV: window, hits,
+/// The give-back script (unspent quota leases). `KEYS[1]`: the counter. ARGV: window, hits,
 /// now_ms, window_ms, grace_ms. Lowers the count by at most `hits`, never below 0, only
 /// while the counter holds `window`. Answers 1 if it gave anything back.
 pub const RELEASE: &str = r#"
@@ -102,11 +102,13 @@ const ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'{').add(b'}').add(b':');
 
 /// Encodes a caller key for the Redis key (`%XX`, uppercase hex). Injective, because `%`
 /// is itself escaped; the output never holds `{`, `}` or `:`. [`decode`] inverts it.
+#[doc(hidden)]
 pub fn encode(key: &str) -> String {
     utf8_percent_encode(key, ESCAPED).to_string()
 }
 
 /// Decodes what [`encode`] produced; `None` for anything it never produces.
+#[doc(hidden)]
 pub fn decode(encoded: &str) -> Option<String> {
     let key = percent_decode_str(encoded).decode_utf8().ok()?.into_owned();
     (encode(&key) == encoded).then_some(key)

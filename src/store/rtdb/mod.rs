@@ -33,6 +33,8 @@
 //! `deny_cache.rs`); this store sees one batch per key at a time from each instance.
 
 pub mod auth;
+// Internal (the key encoding); public for the tests and benchmarks only.
+#[doc(hidden)]
 pub mod keys;
 mod reply;
 pub mod target;
