@@ -13,12 +13,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("ratelimit_descriptor.bin"),
         fds.encode_to_vec(),
     )?;
-    // The server side of the generated code only with the `server` feature: a client-only
-    // build compiles the messages and the client stub.
+    // The server side of the generated code only with the `server` feature, the client
+    // stub only with `client`: a client-only build compiles the messages and the stub.
     let server = env::var_os("CARGO_FEATURE_SERVER").is_some();
+    let client = env::var_os("CARGO_FEATURE_CLIENT").is_some();
     tonic_prost_build::configure()
         .build_server(server)
-        .build_client(true)
+        .build_client(client)
         .compile_fds(fds)?;
     // compile_fds does not emit this itself.
     println!("cargo:rerun-if-changed=proto");

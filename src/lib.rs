@@ -9,7 +9,11 @@
 //! This crate is both the service and the Rust client callers link, split by cargo
 //! features (ARCHITECTURE.md, "Library layout"):
 //!
-//! - `client`: what a Rust caller needs, and nothing of the server. Depend on it with
+//! - no feature: the core the service and the client share ([`decision`], [`limits`],
+//!   [`window`], [`clock`], [`fallback`], [`breaker`], [`store`], [`memory_budget`],
+//!   [`metrics`], the [`pb`] messages).
+//! - `client`: the core and the client ([`client`], the gRPC client stub in [`pb`]): what
+//!   a Rust caller needs, and nothing of the server. Depend on it with
 //!   `bladbase-ratelimit = { default-features = false, features = ["client"] }`.
 //! - `cloud-run-auth`: the client's Google ID tokens for a Cloud Run service behind IAM
 //!   ([`client::IdTokens`], [`client::ClientBuilder::cloud_run_auth`]); adds reqwest.
@@ -43,7 +47,7 @@
 //!
 //! ## Map of the crate (read in this order)
 //!
-//! What a caller uses (feature `client`):
+//! What a caller uses (the core, and [`client`] with feature `client`):
 //!
 //! - [`decision`]: [`decision::Decision`] and [`decision::Source`], outcome → decision,
 //!   and the input rules every check passes (key, cost).
@@ -78,6 +82,7 @@
 //! The binary (`src/main.rs`) only parses flags and wires these together.
 
 pub mod breaker;
+#[cfg(feature = "client")]
 pub mod client;
 pub mod clock;
 pub mod decision;
