@@ -101,8 +101,10 @@ const REFILL_AT: f64 = 2.0;
 /// Expected checks per write above which a key is hot. One sequential caller asks a
 /// little under once per write, so it stays cold.
 const HOT: f64 = 1.5;
-/// Weight of the newest sample in the smoothed rate and latency.
+/// Weight of the newest sample in the smoothed latency.
 const ALPHA: f64 = 0.5;
+/// Weight of a lower newest sample in the smoothed rate (a higher one is taken at once).
+const FALL: f64 = 0.25;
 
 impl Demand {
     /// No demand seen yet.
@@ -128,12 +130,24 @@ impl Demand {
         let elapsed = self
             .since
             .map_or(0.0, |s| now.saturating_duration_since(s).as_secs_f64());
+        // A write retried at once after losing its races (or a refill right after a
+        // write) is not a new interval: sampling it would read as no demand. Samples span
+        // at least half a write.
+        if let (Some(_), Some(latency)) = (self.since, self.latency)
+            && elapsed < latency.as_secs_f64() / 2.0
+        {
+            return;
+        }
         if elapsed > 0.0 {
+            // Rises at once, falls slowly: while a reserve is empty its checks wait for
+            // the refill, so an interval's arrivals understate the demand; sizing the next
+            // reserve on them would keep it too small to outlast the next write. Unspent
+            // hits go back once the key is quiet, so erring high costs little.
             let sample = self.asked as f64 / elapsed;
-            self.rate = if self.rate == 0.0 {
+            self.rate = if sample >= self.rate {
                 sample
             } else {
-                ALPHA * sample + (1.0 - ALPHA) * self.rate
+                FALL * sample + (1.0 - FALL) * self.rate
             };
         }
         self.asked = 0;
@@ -242,6 +256,21 @@ mod tests {
             54,
             "less what is still held"
         );
+    }
+
+    #[test]
+    fn a_retry_right_after_a_write_is_not_a_sample_of_no_demand() {
+        let mut d = demand(8, 60, 3);
+        assert!(d.is_hot());
+        let last = d.since.unwrap_or_else(Instant::now);
+        for ms in [1, 2, 5, 10] {
+            d.write_started(last + Duration::from_millis(ms));
+        }
+        assert!(
+            d.is_hot(),
+            "retries within half a write leave the demand as it was"
+        );
+        assert!(d.expected_per_write() >= 7.9, "{}", d.expected_per_write());
     }
 
     #[test]

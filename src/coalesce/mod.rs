@@ -82,7 +82,7 @@ impl Coalescer {
             match queues.get_mut(&qkey) {
                 Some(state) => {
                     state.demand.ask(cost);
-                    state.last_arrival = now;
+                    state.last_activity = now;
                     if let Some(served) = take_from_lease(state, limit, window, cost) {
                         return Ok(served);
                     }

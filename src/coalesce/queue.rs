@@ -39,7 +39,10 @@ pub(crate) struct KeyState {
     /// Hits this instance holds for the key.
     pub(crate) lease: Option<Lease>,
     pub(crate) demand: Demand,
-    pub(crate) last_arrival: Instant,
+    /// The last check's arrival or store write's answer: the key is quiet (its unspent
+    /// lease given back) only once neither has happened for the lease's `idle` time, so
+    /// checks blocked on a long write do not make a busy key look quiet.
+    pub(crate) last_activity: Instant,
     /// Wakes the runner when it waits for work.
     pub(crate) wake: Arc<Notify>,
 }
@@ -50,7 +53,7 @@ impl KeyState {
             pending: Vec::new(),
             lease: None,
             demand: Demand::new(),
-            last_arrival: now,
+            last_activity: now,
             wake: Arc::new(Notify::new()),
         }
     }

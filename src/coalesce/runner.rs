@@ -131,7 +131,7 @@ impl Runner {
                     });
                 }
             }
-            let quiet = now.saturating_duration_since(state.last_arrival);
+            let quiet = now.saturating_duration_since(state.last_activity);
             if quiet < self.lease.idle {
                 return Some(Job::Wait(self.lease.idle - quiet, state.wake.clone()));
             }
@@ -298,6 +298,7 @@ impl Runner {
         let mut queues = lock(&self.queues);
         let state = queues.get_mut(&self.qkey)?;
         state.demand.write_took(took, raced);
+        state.last_activity = Instant::now();
         let held = state
             .lease
             .filter(|l| l.window == window)
