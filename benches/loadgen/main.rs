@@ -11,6 +11,7 @@
 //! Clients: `RateLimiterClient`s over a few shared tonic channels, one HTTP/2 connection
 //! each (default `min(clients, 4 × instances)`), the calls multiplexed as streams.
 
+mod ceiling;
 mod engine;
 mod leases;
 mod report;
@@ -59,6 +60,9 @@ enum Command {
     /// Scenario (e): quota leases on and off: a hot key on 16 instances at +60 ms, and
     /// 1,000 keys on 3 instances; writes per admitted check, latency, exactness.
     Leases(leases::LeaseArgs),
+    /// Check against the same server's grpc.health.v1 Health/Check, same clients,
+    /// interleaved rounds: the share of the stack's own ceiling a decision leaves.
+    Ceiling(ceiling::CeilingArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -202,7 +206,7 @@ fn main() -> std::process::ExitCode {
     if args.len() <= 1 {
         println!("loadgen: no command given; nothing to measure.");
         println!(
-            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|leases> [flags]"
+            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|leases|ceiling> [flags]"
         );
         println!("       cargo bench --bench loadgen -- help");
         return std::process::ExitCode::SUCCESS;
@@ -212,10 +216,7 @@ fn main() -> std::process::ExitCode {
         ratelimit::logging::init(ratelimit::logging::LogFormat::Text, filter);
     }
     let command_line = format!("cargo bench --bench loadgen -- {}", args[1..].join(" "));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match ratelimit::server::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("loadgen: cannot start the tokio runtime: {e}");
@@ -251,6 +252,7 @@ async fn execute(
         Command::Outage(a) => outage(a).await,
         Command::Instances(a) => instances(a).await,
         Command::Leases(a) => leases::leases(a).await,
+        Command::Ceiling(a) => ceiling::ceiling(a).await,
     }
 }
 

@@ -57,6 +57,33 @@ pub fn bind(addr: SocketAddr) -> Result<TcpIncoming, ServeError> {
         })
 }
 
+/// Environment variable that moves `ratelimit serve` onto a multi-thread runtime with this
+/// many worker threads (tokio's own name for its worker count).
+pub const WORKER_THREADS_ENV: &str = "TOKIO_WORKER_THREADS";
+
+/// The runtime `ratelimit serve` (and the load generator) runs on: a current-thread
+/// runtime unless [`WORKER_THREADS_ENV`] asks for more than one worker.
+///
+/// One thread serves every connection in FIFO order: no work stealing, no LIFO slot that
+/// lets a just-woken task overtake the queue, no wake-ups across threads. Both the latency
+/// spread and the instructions per call measured lower than on the multi-thread runtime
+/// (BENCHMARKS.md §8). The price is one core per process: on a box with cores to spare
+/// beyond its load, `TOKIO_WORKER_THREADS=N` (N > 1) runs N workers instead.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let workers = std::env::var(WORKER_THREADS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    match workers {
+        Some(n) if n > 1 => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    }
+}
+
 /// How the server treats connections and load.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
