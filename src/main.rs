@@ -38,10 +38,7 @@ fn main() -> ExitCode {
         },
         Command::Serve(args) => {
             ratelimit::logging::init(args.log_format(), &args.log);
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match server::runtime() {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("error: cannot start the async runtime: {e}");

@@ -11,6 +11,7 @@
 //! Clients: `RateLimiterClient`s over a few shared tonic channels, one HTTP/2 connection
 //! each (default `min(clients, 4 × instances)`), the calls multiplexed as streams.
 
+mod ceiling;
 mod engine;
 mod leases;
 mod redis_bench;
@@ -63,6 +64,9 @@ enum Command {
     /// Scenario (f): memory, RTDB (emulator) and Redis side by side, 1 and 3 instances;
     /// Redis commands per check from INFO commandstats.
     Redis(redis_bench::RedisArgs),
+    /// Check against the same server's grpc.health.v1 Health/Check, same clients,
+    /// interleaved rounds: the share of the stack's own ceiling a decision leaves.
+    Ceiling(ceiling::CeilingArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -209,7 +213,7 @@ fn main() -> std::process::ExitCode {
     if args.len() <= 1 {
         println!("loadgen: no command given; nothing to measure.");
         println!(
-            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|leases|redis> [flags]"
+            "usage: cargo bench --bench loadgen -- <run|memory|store-trips|outage|instances|leases|redis|ceiling> [flags]"
         );
         println!("       cargo bench --bench loadgen -- help");
         return std::process::ExitCode::SUCCESS;
@@ -219,10 +223,7 @@ fn main() -> std::process::ExitCode {
         ratelimit::logging::init(ratelimit::logging::LogFormat::Text, filter);
     }
     let command_line = format!("cargo bench --bench loadgen -- {}", args[1..].join(" "));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match ratelimit::server::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("loadgen: cannot start the tokio runtime: {e}");
@@ -259,6 +260,7 @@ async fn execute(
         Command::Instances(a) => instances(a).await,
         Command::Leases(a) => leases::leases(a).await,
         Command::Redis(a) => redis_bench::run(a).await,
+        Command::Ceiling(a) => ceiling::ceiling(a).await,
     }
 }
 

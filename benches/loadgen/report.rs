@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 /// Clock ticks per second in `/proc` (USER_HZ; 100 on every Linux build we know of).
-const TICKS_PER_SEC: f64 = 100.0;
+pub const TICKS_PER_SEC: f64 = 100.0;
 /// Other processes using more than this many cores during a run disturbed it.
 pub const FOREIGN_CPU_WARN: f64 = 0.25;
 
@@ -50,7 +50,7 @@ pub fn machine() -> String {
 }
 
 /// Busy CPU ticks of the whole machine and of this process.
-fn cpu_ticks() -> Option<(u64, u64)> {
+pub fn cpu_ticks() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().next()?;
     let v: Vec<u64> = line

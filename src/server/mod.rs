@@ -57,6 +57,39 @@ pub fn bind(addr: SocketAddr) -> Result<TcpIncoming, ServeError> {
         })
 }
 
+/// Environment variable that sets how many threads `ratelimit serve` decides on (tokio's
+/// own name for its worker count); `1` is a current-thread runtime.
+pub const WORKER_THREADS_ENV: &str = "TOKIO_WORKER_THREADS";
+
+/// The runtime `ratelimit serve` (and the load generator) runs on: one worker per core
+/// the process may use (`available_parallelism`, which follows a container's CPU quota),
+/// or [`WORKER_THREADS_ENV`] workers when set; with one, a current-thread runtime.
+///
+/// One thread serves every connection in FIFO order: no work stealing, no LIFO slot that
+/// lets a just-woken task overtake the queue, no wake-ups across threads; it measured a
+/// tighter tail and fewer instructions per call (BENCHMARKS.md §11), so a one-vCPU Cloud
+/// Run instance gets it. A process with more cores than one keeps them all: capping a
+/// rate limiter at one core to shave its tail would halve what a 2-vCPU instance can
+/// decide. Where the load generator shares the cores (benchmarks on one box),
+/// `TOKIO_WORKER_THREADS=1` gives the one-thread figures.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let workers = std::env::var(WORKER_THREADS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    if workers > 1 {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+}
+
 /// How the server treats connections and load.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
