@@ -198,19 +198,24 @@ async fn demand_at_twice_the_limit_over_a_whole_window_admits_120() {
     assert_eq!(tally.admitted, 120, "{tally:?}");
 }
 
-/// One instance, a key hot enough to lease: decisions from the reserve are shared, say
-/// `SOURCE_LEASE`, never report more left than the store has, and cost no store write;
-/// the unspent reserve goes back once the key is quiet.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hot_key_is_served_from_a_lease_and_the_unspent_reserve_is_given_back() {
-    let limits = common::limits(
+/// A limit large enough that nothing is denied for want of hits.
+fn big_limit() -> Limits {
+    common::limits(
         r#"
         [[limit]]
         name = "big"
         requests = 100000
         window = "60s"
         "#,
-    );
+    )
+}
+
+/// One instance, a key hot enough to lease: decisions from the reserve are shared, say
+/// `SOURCE_LEASE` and cost no store write; the unspent reserve goes back once the key is
+/// quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_is_served_from_a_lease_and_the_unspent_reserve_is_given_back() {
+    let limits = big_limit();
     let emu = rtdb::emulator().await;
     let clock = ManualClock::new(T0);
     let fleet = fleet(&emu, 1, &limits, &clock).await;
@@ -238,14 +243,7 @@ async fn a_hot_key_is_served_from_a_lease_and_the_unspent_reserve_is_given_back(
 /// Leases switched off: the same load costs a write per batch and nothing says LEASE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_leases_off_every_decision_comes_from_a_store_write() {
-    let limits = common::limits(
-        r#"
-        [[limit]]
-        name = "big"
-        requests = 100000
-        window = "60s"
-        "#,
-    );
+    let limits = big_limit();
     let emu = rtdb::emulator().await;
     let clock = ManualClock::new(T0);
     let options = LimiterOptions {
