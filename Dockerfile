@@ -3,7 +3,7 @@
 # Build stage: the same toolchain as CI (Rust 1.95). The build command below is the one
 # `.ci/run` runs too (`cargo build --release --locked --bin ratelimit`), so a green CI
 # means this step compiles. No protoc is needed: build.rs uses protox. The optimisation
-# settings live in Cargo.toml's [profile.release] (cargo's default: see BENCHMARKS.md §11).
+# settings (thin LTO) live in Cargo.toml's [profile.release], so this build uses them.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
