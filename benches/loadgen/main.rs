@@ -13,9 +13,11 @@
 
 mod ceiling;
 mod engine;
+mod env;
 mod leases;
 mod redis_bench;
 mod report;
+mod scenarios;
 
 use clap::{Args, Parser, Subcommand};
 use engine::{Env, EnvSpec, RunResult, RunSpec, StoreKind};
@@ -49,15 +51,15 @@ enum Command {
     /// One run with the given parameters.
     Run(Box<RunArgs>),
     /// Scenario (a): memory store; 1 key and 10,000 keys × 1, 16 and 64 clients.
-    Memory(MemoryArgs),
+    Memory(scenarios::MemoryArgs),
     /// Scenario (b): emulator with added latency; store requests per check (sequential,
     /// 64-way hot key, cold keys, exhausting and exhausted keys) against a read + write per check.
-    StoreTrips(LatencyArgs),
+    StoreTrips(scenarios::LatencyArgs),
     /// Scenario (c): emulator answering after 3 s; latency of the first checks, with the
     /// breaker open, and after the store comes back.
-    Outage(OutageArgs),
+    Outage(scenarios::OutageArgs),
     /// Scenario (d): 3 instances on one emulator; throughput and the exact admitted count.
-    Instances(InstancesArgs),
+    Instances(scenarios::InstancesArgs),
     /// Scenario (e): quota leases on and off: a hot key on 16 instances at +60 ms, and
     /// 1,000 keys on 3 instances; writes per admitted check, latency, exactness.
     Leases(leases::LeaseArgs),
@@ -149,56 +151,7 @@ struct RunArgs {
     server_nagle: bool,
 }
 
-#[derive(Debug, Clone, Args)]
-struct MemoryArgs {
-    /// Measured time per run.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
-    duration: Duration,
-    /// Warm-up per run (other keys, not counted).
-    #[arg(long, value_parser = parse_duration_or_zero, default_value = "1s")]
-    warmup: Duration,
-    /// Cap on checks per run.
-    #[arg(long, default_value_t = 2_000_000)]
-    requests: u64,
-    /// Servers accept with Nagle on (TCP_NODELAY off), as before BENCHMARKS.md §7.
-    #[arg(long)]
-    server_nagle: bool,
-}
-
-#[derive(Debug, Clone, Args)]
-struct LatencyArgs {
-    /// Latency the emulator adds to every request.
-    #[arg(long, value_parser = parse_duration_or_zero, default_value = "5ms")]
-    emulator_latency: Duration,
-}
-
-#[derive(Debug, Clone, Args)]
-struct OutageArgs {
-    /// Latency the emulator adds to every request during the outage.
-    #[arg(long, value_parser = parse_duration, default_value = "3s")]
-    emulator_latency: Duration,
-    /// Length of the outage run.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
-    duration: Duration,
-    /// Concurrent clients.
-    #[arg(long, default_value_t = 16)]
-    concurrency: usize,
-}
-
-#[derive(Debug, Clone, Args)]
-struct InstancesArgs {
-    /// Latency the emulator adds to every request.
-    #[arg(long, value_parser = parse_duration_or_zero, default_value = "5ms")]
-    emulator_latency: Duration,
-    /// Service instances on the one emulator.
-    #[arg(long, default_value_t = 3)]
-    instances: usize,
-    /// Measured time of the throughput runs.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
-    duration: Duration,
-}
-
-fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
     match s.trim() {
         "0" | "0s" | "0ms" => Ok(Duration::ZERO),
         other => parse_duration(other),
@@ -254,10 +207,10 @@ async fn execute(
     }
     match command {
         Command::Run(a) => run(*a).await,
-        Command::Memory(a) => memory(a).await,
-        Command::StoreTrips(a) => store_trips(a).await,
-        Command::Outage(a) => outage(a).await,
-        Command::Instances(a) => instances(a).await,
+        Command::Memory(a) => scenarios::memory(a).await,
+        Command::StoreTrips(a) => scenarios::store_trips(a).await,
+        Command::Outage(a) => scenarios::outage(a).await,
+        Command::Instances(a) => scenarios::instances(a).await,
         Command::Leases(a) => leases::leases(a).await,
         Command::Redis(a) => redis_bench::run(a).await,
         Command::Ceiling(a) => ceiling::ceiling(a).await,
@@ -279,7 +232,7 @@ pub(crate) fn print_runs(title: &str, runs: &[RunResult], with_store: bool) {
     }
 }
 
-async fn run_all(env: &Env, specs: Vec<RunSpec>) -> Result<Vec<RunResult>, String> {
+pub(crate) async fn run_all(env: &Env, specs: Vec<RunSpec>) -> Result<Vec<RunResult>, String> {
     let mut out = Vec::with_capacity(specs.len());
     for spec in specs {
         eprintln!("  running: {}", spec.label);
@@ -334,216 +287,6 @@ async fn run(a: RunArgs) -> Result<(), String> {
         print!("{}", report::slice_table(r));
         println!("{}", report::first_checks_line(r, r.spec.concurrency));
     }
-    env.stop().await;
-    Ok(())
-}
-
-/// (a) The memory store: pure service throughput and latency (nothing is denied).
-async fn memory(a: MemoryArgs) -> Result<(), String> {
-    let env = Env::start(&EnvSpec {
-        server_nagle: a.server_nagle,
-        ..EnvSpec::default()
-    })
-    .await?;
-    println!("system: {}", env.description);
-    let mut specs = Vec::new();
-    for keys in [1, 10_000] {
-        for clients in [1, 16, 64] {
-            let label = format!(
-                "{} key{}, {clients} client{}",
-                if keys == 1 {
-                    "1".into()
-                } else {
-                    "10,000".to_owned()
-                },
-                if keys == 1 { "" } else { "s" },
-                if clients == 1 { "" } else { "s" }
-            );
-            let mut s = RunSpec::new(&label, clients, keys, "bench");
-            s.duration = a.duration;
-            s.warmup = a.warmup;
-            s.requests = a.requests;
-            specs.push(s);
-        }
-    }
-    let runs = run_all(&env, specs).await?;
-    print_runs("(a) memory store", &runs, false);
-    env.stop().await;
-    Ok(())
-}
-
-/// (b) Store requests per check against the emulator.
-async fn store_trips(a: LatencyArgs) -> Result<(), String> {
-    let env = Env::start(&EnvSpec {
-        store: StoreKind::Emulator,
-        emulator_latency: a.emulator_latency,
-        ..EnvSpec::default()
-    })
-    .await?;
-    println!("system: {}", env.description);
-    let bounded = |mut s: RunSpec, requests: u64| {
-        s.requests = requests;
-        s.duration = Duration::from_secs(60);
-        s
-    };
-    let exhausted_prefix = engine::unique_prefix();
-    let mut exhausting = bounded(
-        RunSpec::new(
-            "exhausting one key: 1,000 sequential (mcp 120/min)",
-            1,
-            1,
-            "mcp",
-        ),
-        1_000,
-    );
-    exhausting.key_prefix = exhausted_prefix.clone();
-    // Room for this run and the next in the same window.
-    exhausting.fresh_window = Some(Duration::from_secs(30));
-    let mut exhausted = bounded(
-        RunSpec::new(
-            "the same exhausted key: 10,000 more, 64 clients",
-            64,
-            1,
-            "mcp",
-        ),
-        10_000,
-    );
-    exhausted.key_prefix = exhausted_prefix;
-    let specs = vec![
-        bounded(
-            RunSpec::new("one key, 500 sequential checks", 1, 1, "bench"),
-            500,
-        ),
-        bounded(
-            RunSpec::new("one hot key, 64 clients, 5,000 checks", 64, 1, "bench"),
-            5_000,
-        ),
-        bounded(
-            RunSpec::new(
-                "1,000 cold keys, each checked twice, 16 clients",
-                16,
-                1_000,
-                "bench",
-            ),
-            2_000,
-        ),
-        exhausting,
-        exhausted,
-    ];
-    let runs = run_all(&env, specs).await?;
-    print_runs(
-        &format!(
-            "(b) store round trips, emulator +{} ms per request",
-            a.emulator_latency.as_millis()
-        ),
-        &runs,
-        true,
-    );
-    env.stop().await;
-    Ok(())
-}
-
-/// (c) The store answers after 3 s: budget, breaker, recovery.
-async fn outage(a: OutageArgs) -> Result<(), String> {
-    let env = Env::start(&EnvSpec {
-        store: StoreKind::Emulator,
-        emulator_latency: a.emulator_latency,
-        ..EnvSpec::default()
-    })
-    .await?;
-    println!("system: {}", env.description);
-    let mut down = RunSpec::new(
-        &format!(
-            "store answering after {:?}, {} clients, 1,000 keys",
-            a.emulator_latency, a.concurrency
-        ),
-        a.concurrency,
-        1_000,
-        "bench",
-    );
-    down.duration = a.duration;
-    down.requests = 2_000_000;
-    down.slice = Some(Duration::from_secs(1));
-    let runs = run_all(&env, vec![down]).await?;
-    print_runs("(c) outage", &runs, true);
-    if let Some(r) = runs.first() {
-        println!();
-        print!("{}", report::slice_table(r));
-        println!();
-        println!("{}", report::first_checks_line(r, a.concurrency));
-    }
-
-    // The store comes back (+5 ms): how soon decisions are shared again.
-    env.set_emulator_latency(Duration::from_millis(5));
-    let mut back = RunSpec::new(
-        &format!("store back (+5 ms), {} clients, 1,000 keys", a.concurrency),
-        a.concurrency,
-        1_000,
-        "bench",
-    );
-    back.duration = Duration::from_secs(5);
-    back.requests = 2_000_000;
-    back.slice = Some(Duration::from_millis(500));
-    let runs = run_all(&env, vec![back]).await?;
-    print_runs("(c) recovery", &runs, true);
-    if let Some(r) = runs.first() {
-        println!();
-        print!("{}", report::slice_table(r));
-    }
-    env.stop().await;
-    Ok(())
-}
-
-/// (d) Several instances on one emulator.
-async fn instances(a: InstancesArgs) -> Result<(), String> {
-    let n = a.instances.max(1);
-    let env = Env::start(&EnvSpec {
-        store: StoreKind::Emulator,
-        emulator_latency: a.emulator_latency,
-        instances: n,
-        ..EnvSpec::default()
-    })
-    .await?;
-    println!("system: {}", env.description);
-    let clients = 16 * n;
-    let mut many = RunSpec::new(
-        &format!("{n} instances, 1,000 keys, {clients} clients"),
-        clients,
-        1_000,
-        "bench",
-    );
-    many.duration = a.duration;
-    let mut hot = RunSpec::new(
-        &format!("{n} instances, one hot key, {clients} clients"),
-        clients,
-        1,
-        "bench",
-    );
-    hot.duration = a.duration;
-    let mut specs = vec![many, hot];
-    // Exactness: 900 checks of one fresh key at 120/min, from many and from few clients
-    // (few clients race harder per check: see BENCHMARKS.md).
-    for c in [clients, n] {
-        let mut exact = RunSpec::new(
-            &format!("{n} instances, one key, 120/min, 900 checks, {c} clients"),
-            c,
-            1,
-            "mcp",
-        );
-        exact.requests = 900;
-        exact.duration = Duration::from_secs(30);
-        exact.fresh_window = Some(Duration::from_secs(20));
-        specs.push(exact);
-    }
-    let runs = run_all(&env, specs).await?;
-    print_runs(
-        &format!(
-            "(d) {n} instances on one emulator (+{} ms per request)",
-            a.emulator_latency.as_millis()
-        ),
-        &runs,
-        true,
-    );
     env.stop().await;
     Ok(())
 }
