@@ -177,6 +177,12 @@ pub struct ServeArgs {
     #[arg(long, env = "RATELIMIT_DENY_TRUST", default_value = "1s", value_parser = parse_duration)]
     pub deny_trust: Duration,
 
+    /// Threads deciding. 1 (the default): one current-thread runtime, the steadiest tail
+    /// and the lowest cost per call measured (BENCHMARKS.md §11). N > 1: a multi-thread
+    /// runtime of N workers; 0: one worker per core the process may use.
+    #[arg(long, env = "RATELIMIT_WORKERS", default_value_t = 1)]
+    pub workers: usize,
+
     /// Calls served at once; past it calls fail fast with RESOURCE_EXHAUSTED (load shedding).
     #[arg(long, env = "RATELIMIT_MAX_IN_FLIGHT", default_value_t = 2_048, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_in_flight: u32,
@@ -417,5 +423,25 @@ mod tests {
             .to_string();
         assert!(e.contains("\"lots\" is not a size like 256MiB"), "{e}");
         assert_eq!(args.deny_trust, Duration::from_secs(1));
+        assert_eq!(args.workers, 1, "one thread decides unless told otherwise");
+        let e = Cli::try_parse_from(["ratelimit", "serve", "--workers", "two"])
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("--workers"), "{e}");
+    }
+
+    #[test]
+    fn workers_choose_the_runtime() {
+        use tokio::runtime::RuntimeFlavor;
+        let flavor = |n| crate::server::runtime(n).map(|rt| rt.handle().runtime_flavor());
+        assert_eq!(flavor(1).ok(), Some(RuntimeFlavor::CurrentThread));
+        assert_eq!(flavor(2).ok(), Some(RuntimeFlavor::MultiThread));
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let per_core = if cores > 1 {
+            RuntimeFlavor::MultiThread
+        } else {
+            RuntimeFlavor::CurrentThread
+        };
+        assert_eq!(flavor(0).ok(), Some(per_core));
     }
 }

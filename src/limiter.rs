@@ -231,6 +231,15 @@ impl Limiter {
         cost: u32,
         budget: Duration,
     ) -> Result<Served, StoreError> {
+        // An in-process store answers at once: no future to box, no timer to arm.
+        if let Some((window, outcome)) = self.store.admit_at_once(limit, key, window, cost) {
+            return Ok(Served {
+                window,
+                outcome,
+                from_lease: false,
+                exhausted: false,
+            });
+        }
         let admission =
             store::within(budget, self.store.admit(limit, key, window, &[cost])).await?;
         let outcome = admission

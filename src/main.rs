@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         },
         Command::Serve(args) => {
             ratelimit::logging::init(args.log_format(), &args.log);
-            let runtime = match server::runtime() {
+            let runtime = match server::runtime(args.workers) {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("error: cannot start the async runtime: {e}");

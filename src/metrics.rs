@@ -59,7 +59,9 @@ const STORE_BUCKETS: &[f64] = &[
 struct Handles {
     in_flight: Option<Gauge>,
     /// Per limit: one counter per (outcome, source), at [`decision_slot`].
-    decisions: HashMap<Arc<str>, [Option<Counter>; 2 * SOURCES]>,
+    /// A short list, not a map: limits are a handful, and comparing the decision's
+    /// `Arc` by address first finds the row without hashing its name.
+    decisions: Vec<(Arc<str>, [Option<Counter>; 2 * SOURCES])>,
     /// Per cache (a handful of fixed names): evictions, one per insert under a flood.
     evictions: HashMap<&'static str, Counter>,
 }
@@ -93,21 +95,30 @@ fn handles_mut() -> RwLockWriteGuard<'static, Handles> {
 /// Counts one decision.
 pub fn decision(d: &Decision) {
     let slot = decision_slot(d.allowed, d.source);
-    if let Some(c) = handles()
-        .decisions
-        .get(&*d.limit_name)
-        .and_then(|row| row[slot].as_ref())
+    let row_of = |rows: &[(Arc<str>, _)]| {
+        rows.iter()
+            .position(|(name, _)| Arc::ptr_eq(name, &d.limit_name) || *name == d.limit_name)
+    };
     {
-        c.increment(1);
-        return;
+        let handles = handles();
+        if let Some(c) =
+            row_of(&handles.decisions).and_then(|i| handles.decisions[i].1[slot].as_ref())
+        {
+            c.increment(1);
+            return;
+        }
     }
     let outcome = if d.allowed { "allowed" } else { "denied" };
     let c = counter!(DECISIONS, "limit" => d.limit_name.to_string(), "outcome" => outcome, "source" => d.source.as_str());
     c.increment(1);
-    handles_mut()
-        .decisions
-        .entry(d.limit_name.clone())
-        .or_default()[slot] = Some(c);
+    let mut handles = handles_mut();
+    let i = row_of(&handles.decisions).unwrap_or_else(|| {
+        handles
+            .decisions
+            .push((d.limit_name.clone(), Default::default()));
+        handles.decisions.len() - 1
+    });
+    handles.decisions[i].1[slot] = Some(c);
 }
 
 /// Counts one fallback decision.
@@ -160,26 +171,8 @@ pub fn shed() {
     counter!(SHED).increment(1);
 }
 
-/// Marks a check in flight until dropped.
-pub struct InFlight(Gauge);
-
-impl InFlight {
-    /// Increments the in-flight gauge; the returned guard decrements it.
-    pub fn start() -> Self {
-        let gauge = in_flight_gauge();
-        gauge.increment(1.0);
-        Self(gauge)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.decrement(1.0);
-    }
-}
-
-/// The in-flight gauge's handle (see [`Handles`]).
-fn in_flight_gauge() -> Gauge {
+/// The in-flight gauge's handle (see [`Handles`]), for a holder that updates it itself.
+pub(crate) fn in_flight_gauge() -> Gauge {
     if let Some(g) = &handles().in_flight {
         return g.clone();
     }

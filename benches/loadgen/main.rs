@@ -176,7 +176,13 @@ fn main() -> std::process::ExitCode {
         ratelimit::logging::init(ratelimit::logging::LogFormat::Text, filter);
     }
     let command_line = format!("cargo bench --bench loadgen -- {}", args[1..].join(" "));
-    let runtime = match ratelimit::server::runtime() {
+    // The load generator hosts its clients and in-process servers together, so it keeps
+    // one worker per core unless RATELIMIT_WORKERS says otherwise (1: one thread for all).
+    let workers = std::env::var("RATELIMIT_WORKERS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let runtime = match ratelimit::server::runtime(workers) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("loadgen: cannot start the tokio runtime: {e}");

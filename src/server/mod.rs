@@ -3,9 +3,11 @@
 //! v1alpha), so ops can `grpcurl list`, `describe` and call it with no proto file.
 //!
 //! - `rpc.rs`: the `RateLimiter` service (validation and mapping to gRPC);
-//! - `admin.rs`: the admin token check for `Reset`.
+//! - `admin.rs`: the admin token check for `Reset`;
+//! - `in_flight.rs`: load shedding, the bound on calls in flight.
 
 pub mod admin;
+mod in_flight;
 pub mod rpc;
 
 use crate::limiter::Limiter;
@@ -57,27 +59,21 @@ pub fn bind(addr: SocketAddr) -> Result<TcpIncoming, ServeError> {
         })
 }
 
-/// Environment variable that sets how many threads `ratelimit serve` decides on (tokio's
-/// own name for its worker count); `1` is a current-thread runtime.
-pub const WORKER_THREADS_ENV: &str = "TOKIO_WORKER_THREADS";
-
-/// The runtime `ratelimit serve` (and the load generator) runs on: one worker per core
-/// the process may use (`available_parallelism`, which follows a container's CPU quota),
-/// or [`WORKER_THREADS_ENV`] workers when set; with one, a current-thread runtime.
+/// The runtime `ratelimit serve` runs on, with `workers` threads deciding (`--workers`):
+/// 1 is a current-thread runtime, more a multi-thread one, 0 one worker per core the
+/// process may use (`available_parallelism`, which follows a container's CPU quota).
 ///
-/// One thread serves every connection in FIFO order: no work stealing, no LIFO slot that
-/// lets a just-woken task overtake the queue, no wake-ups across threads; it measured a
-/// tighter tail and fewer instructions per call (BENCHMARKS.md §11), so a one-vCPU Cloud
-/// Run instance gets it. A process with more cores than one keeps them all: capping a
-/// rate limiter at one core to shave its tail would halve what a 2-vCPU instance can
-/// decide. Where the load generator shares the cores (benchmarks on one box),
-/// `TOKIO_WORKER_THREADS=1` gives the one-thread figures.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    let workers = std::env::var(WORKER_THREADS_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+/// One thread is the default, as in Limitador's gRPC server. It serves every connection
+/// in FIFO order: no work stealing, no LIFO slot that lets a just-woken task overtake the
+/// queue, no wake-ups across threads. It measured the tighter tail, fewer instructions
+/// per call and, on 2 cores shared with the load, more calls per second than two workers
+/// (BENCHMARKS.md §11). One thread decides far more checks per second than an instance
+/// is sent; capacity comes from more instances, and a larger one can opt into workers.
+pub fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let workers = match workers {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
     if workers > 1 {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)

@@ -2,58 +2,52 @@
 //! [`Limiter`]. No decision logic lives here.
 
 use super::admin::{self, AdminToken};
+use super::in_flight::{InFlight, Slot};
 use crate::decision::{CheckError, Decision, Source};
 use crate::limiter::Limiter;
 use crate::metrics;
 use crate::pb;
 use crate::pb::rate_limiter_server::RateLimiter;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::metadata::MetadataMap;
+use tonic::metadata::{Ascii, MetadataKey, MetadataMap};
 use tonic::{Request, Response, Status};
 
 /// The gRPC face of a [`Limiter`].
 pub struct RateLimitService {
     limiter: Arc<Limiter>,
     admin: Option<AdminToken>,
-    /// Load shedding: one permit per call in flight. A call that finds none fails fast
-    /// with RESOURCE_EXHAUSTED instead of queueing without bound; the client library
-    /// then decides locally.
-    slots: Arc<Semaphore>,
-    max_in_flight: usize,
+    in_flight: InFlight,
 }
 
 impl RateLimitService {
     /// Serves `limiter`; `admin` enables `Reset`; at most `max_in_flight` calls at once.
     pub fn new(limiter: Arc<Limiter>, admin: Option<AdminToken>, max_in_flight: usize) -> Self {
-        let max_in_flight = max_in_flight.max(1);
         Self {
             limiter,
             admin,
-            slots: Arc::new(Semaphore::new(max_in_flight)),
-            max_in_flight,
+            in_flight: InFlight::new(max_in_flight),
         }
     }
 
-    fn admit_call(&self) -> Result<(OwnedSemaphorePermit, metrics::InFlight), Status> {
-        match self.slots.clone().try_acquire_owned() {
-            Ok(permit) => Ok((permit, metrics::InFlight::start())),
-            Err(_) => {
-                metrics::shed();
-                Err(Status::resource_exhausted(format!(
-                    "server busy: {} calls in flight; decide locally or retry later",
-                    self.max_in_flight
-                )))
-            }
-        }
+    fn admit_call(&self) -> Result<Slot<'_>, Status> {
+        self.in_flight.try_enter().ok_or_else(|| {
+            metrics::shed();
+            Status::resource_exhausted(format!(
+                "server busy: {} calls in flight; decide locally or retry later",
+                self.in_flight.max()
+            ))
+        })
     }
 }
 
 /// The time the caller will still wait, from the `grpc-timeout` header (gRPC over HTTP/2
 /// spec: up to 8 digits and a unit `H M S m u n`). Unparseable values are ignored.
 pub fn caller_deadline(metadata: &MetadataMap) -> Option<Duration> {
-    let raw = metadata.get("grpc-timeout")?.to_str().ok()?;
+    // A parsed name: a `&str` would be parsed and validated again on every call.
+    static GRPC_TIMEOUT: LazyLock<MetadataKey<Ascii>> =
+        LazyLock::new(|| MetadataKey::from_static("grpc-timeout"));
+    let raw = metadata.get(&*GRPC_TIMEOUT)?.to_str().ok()?;
     let (digits, unit) = raw.split_at(raw.len().checked_sub(1)?);
     if digits.is_empty() || digits.len() > 8 {
         return None;

@@ -105,6 +105,21 @@ pub trait CounterStore: Send + Sync + 'static {
         costs: &[u32],
     ) -> Result<Admission, StoreError>;
 
+    /// One cost admitted at once, for a store that needs no I/O to answer: the limiter's
+    /// direct path then skips the boxed future, the timer and the outcome vector of
+    /// [`CounterStore::admit`] (a decision's hot path on the memory store). Same rule and
+    /// atomicity as `admit`; returns the window counted in and the outcome. A store that
+    /// must wait for anything returns `None` (the default), and `admit` is used.
+    fn admit_at_once(
+        &self,
+        _limit: &Limit,
+        _key: &str,
+        _window: i64,
+        _cost: u32,
+    ) -> Option<(i64, Outcome)> {
+        None
+    }
+
     /// The counter's current state as seen from `window`, without changing it: the
     /// count of `window` (0 if the store holds an older one), or of a newer window.
     async fn peek(&self, limit: &Limit, key: &str, window: i64) -> Result<WindowCount, StoreError>;
@@ -194,21 +209,22 @@ pub fn apply_batch(
     };
     let outcomes = costs
         .iter()
-        .map(|&cost| {
-            let fits = state
-                .count
-                .checked_add(cost)
-                .is_some_and(|next| next <= limit);
-            if fits {
-                state.count += cost;
-            }
-            Outcome {
-                allowed: fits,
-                count: state.count,
-            }
-        })
+        .map(|&cost| admit_cost(&mut state.count, limit, cost))
         .collect();
     (state, outcomes)
+}
+
+/// [`apply_batch`]'s rule for one cost: admitted iff `count + cost ≤ limit`, and only an
+/// admitted cost is added to `count`.
+pub fn admit_cost(count: &mut u32, limit: u32, cost: u32) -> Outcome {
+    let fits = count.checked_add(cost).is_some_and(|next| next <= limit);
+    if fits {
+        *count += cost;
+    }
+    Outcome {
+        allowed: fits,
+        count: *count,
+    }
 }
 
 /// The count that `stored` means for a reader in `window`.

@@ -18,7 +18,9 @@
 //! - The count is an `AtomicU32` updated by compare-and-swap of the whole batch, so a
 //!   batch is applied atomically without a lock.
 
-use super::counter::{Admission, CounterStore, StoreError, WindowCount, apply_batch};
+use super::counter::{
+    Admission, CounterStore, Outcome, StoreError, WindowCount, admit_cost, apply_batch,
+};
 use crate::clock::SharedClock;
 use crate::limits::Limit;
 use crate::memory_budget::{self, MemoryBudget};
@@ -26,6 +28,8 @@ use crate::window;
 use async_trait::async_trait;
 use moka::Expiry;
 use moka::sync::Cache;
+use std::borrow::Borrow;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -34,11 +38,71 @@ use std::time::{Duration, Instant};
 /// the boundary may arrive a little after it; it must still find the same counter.
 const GRACE: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone)]
 struct SlotKey {
     limit: Arc<str>,
     key: Box<str>,
     window: i64,
+}
+
+/// A slot key's parts, owned ([`SlotKey`]) or borrowed ([`Lookup`]). A hit looks its slot
+/// up by a `Lookup` of the caller's strings, so the hot path allocates no key; only a new
+/// slot builds an owned one. Both hash and compare through [`SlotRef::parts`], which is
+/// what makes the two interchangeable as moka keys (`Borrow`'s contract).
+trait SlotRef {
+    fn parts(&self) -> (&str, &str, i64);
+}
+
+impl SlotRef for SlotKey {
+    fn parts(&self) -> (&str, &str, i64) {
+        (&self.limit, &self.key, self.window)
+    }
+}
+
+struct Lookup<'a> {
+    limit: &'a str,
+    key: &'a str,
+    window: i64,
+}
+
+impl SlotRef for Lookup<'_> {
+    fn parts(&self) -> (&str, &str, i64) {
+        (self.limit, self.key, self.window)
+    }
+}
+
+impl Hash for dyn SlotRef + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.parts().hash(state);
+    }
+}
+
+impl PartialEq for dyn SlotRef + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for dyn SlotRef + '_ {}
+
+impl Hash for SlotKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (self as &dyn SlotRef).hash(state);
+    }
+}
+
+impl PartialEq for SlotKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for SlotKey {}
+
+impl<'a> Borrow<dyn SlotRef + 'a> for SlotKey {
+    fn borrow(&self) -> &(dyn SlotRef + 'a) {
+        self
+    }
 }
 
 #[derive(Debug)]
@@ -100,14 +164,53 @@ impl MemoryStore {
         }
     }
 
+    fn lookup<'a>(limit: &'a Limit, key: &'a str, window: i64) -> Lookup<'a> {
+        Lookup {
+            limit: &limit.name,
+            key,
+            window,
+        }
+    }
+
     fn slot(&self, limit: &Limit, key: &str, window: i64) -> Arc<Slot> {
-        let now = self.clock.now_ms();
+        if let Some(slot) = self
+            .slots
+            .get(&Self::lookup(limit, key, window) as &dyn SlotRef)
+        {
+            return slot;
+        }
+        // A new slot: `get_with` settles a race with a concurrent first hit (one wins,
+        // both count on it).
         self.slots.get_with(Self::slot_key(limit, key, window), || {
+            let now = self.clock.now_ms();
             Arc::new(Slot {
                 count: AtomicU32::new(0),
                 ttl: window::until_end(now, window, limit.window_ms) + GRACE,
             })
         })
+    }
+
+    /// One cost applied to `(limit, key)` in `window`, by the same rule as
+    /// [`MemoryStore::admit_now`] without building a batch.
+    pub fn admit_one_now(&self, limit: &Limit, key: &str, window: i64, cost: u32) -> Outcome {
+        let slot = self.slot(limit, key, window);
+        let mut current = slot.count.load(Ordering::Acquire);
+        loop {
+            let mut next = current;
+            let outcome = admit_cost(&mut next, limit.requests, cost);
+            if next == current {
+                return outcome;
+            }
+            match slot.count.compare_exchange_weak(
+                current,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return outcome,
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// Applies `costs` to `(limit, key)` in `window`; the synchronous core of [`CounterStore::admit`].
@@ -138,7 +241,10 @@ impl MemoryStore {
     /// Lowers the count of `(limit, key)` in `window` by at most `hits`; the synchronous
     /// core of [`CounterStore::release`].
     pub fn release_now(&self, limit: &Limit, key: &str, window: i64, hits: u32) -> bool {
-        let Some(slot) = self.slots.get(&Self::slot_key(limit, key, window)) else {
+        let Some(slot) = self
+            .slots
+            .get(&Self::lookup(limit, key, window) as &dyn SlotRef)
+        else {
             return false;
         };
         let updated = slot
@@ -153,7 +259,7 @@ impl MemoryStore {
     pub fn peek_now(&self, limit: &Limit, key: &str, window: i64) -> WindowCount {
         let count = self
             .slots
-            .get(&Self::slot_key(limit, key, window))
+            .get(&Self::lookup(limit, key, window) as &dyn SlotRef)
             .map_or(0, |s| s.count.load(Ordering::Acquire));
         WindowCount { window, count }
     }
@@ -161,7 +267,8 @@ impl MemoryStore {
     /// Forgets `(limit, key)` in `window` and the next one.
     pub fn reset_now(&self, limit: &Limit, key: &str, window: i64) {
         for w in [window, window.saturating_add(1)] {
-            self.slots.invalidate(&Self::slot_key(limit, key, w));
+            self.slots
+                .invalidate(&Self::lookup(limit, key, w) as &dyn SlotRef);
         }
     }
 
@@ -190,6 +297,16 @@ impl CounterStore for MemoryStore {
         costs: &[u32],
     ) -> Result<Admission, StoreError> {
         Ok(self.admit_now(limit, key, window, costs))
+    }
+
+    fn admit_at_once(
+        &self,
+        limit: &Limit,
+        key: &str,
+        window: i64,
+        cost: u32,
+    ) -> Option<(i64, Outcome)> {
+        Some((window, self.admit_one_now(limit, key, window, cost)))
     }
 
     async fn peek(&self, limit: &Limit, key: &str, window: i64) -> Result<WindowCount, StoreError> {
@@ -297,6 +414,39 @@ mod tests {
         });
         assert_eq!(admitted, 1_000);
         assert_eq!(s.peek_now(&l, "hot", 1).count, 1_000);
+    }
+
+    #[test]
+    fn one_cost_at_once_counts_on_the_batch_counter_by_the_same_rule() {
+        let s = store();
+        let l = Limit::new("t", 5, Duration::from_secs(60));
+        assert_eq!(s.admit_one_now(&l, "k", 1, 2).count, 2);
+        assert_eq!(s.admit_now(&l, "k", 1, &[2]).outcomes[0].count, 4);
+        let denied = s.admit_one_now(&l, "k", 1, 2);
+        assert!(!denied.allowed);
+        assert_eq!(denied.count, 4, "a denied cost adds nothing");
+        assert!(
+            s.admit_one_now(&l, "k", 1, 1).allowed,
+            "a smaller cost still fits"
+        );
+        assert_eq!(s.peek_now(&l, "k", 1).count, 5);
+        // Borrowed and owned keys meet on one entry for every key shape, so a lookup
+        // never misses a slot and starts a second counter.
+        for key in ["", "k2", "ü~b%2F", &"x".repeat(512)] {
+            assert!(s.admit_one_now(&l, key, 1, 5).allowed);
+            assert!(!s.admit_one_now(&l, key, 1, 1).allowed, "{key:?}");
+        }
+        assert_eq!(s.entries(), 5);
+        assert_eq!(
+            CounterStore::admit_at_once(&s, &l, "k", 1, 1),
+            Some((
+                1,
+                Outcome {
+                    allowed: false,
+                    count: 5
+                }
+            ))
+        );
     }
 
     #[test]
