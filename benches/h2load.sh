@@ -11,7 +11,8 @@
 #   ROUNDS=3 benches/h2load.sh before=/tmp/old after=target/release/ratelimit
 #
 # Env: ROUNDS (2), SECS (3, measured seconds per leg), PORT (50051), KEY (k), NICE
-# (a `nice` level for server and h2load, e.g. -15 on a shared machine; empty: none).
+# (a `nice` level for server and h2load, e.g. -15 on a shared machine; empty: none),
+# SERVER_CPU / LOAD_CPU (pin the server / h2load to these CPUs with taskset; empty: no).
 # Needs h2load (Debian: nghttp2-client) and xxd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,9 @@ KEY=${KEY:-k}
 [ $# -gt 0 ] || set -- "main=target/release/ratelimit"
 run=()
 [ -n "${NICE:-}" ] && run=(nice -n "$NICE")
+srv=("${run[@]}") load=("${run[@]}")
+[ -n "${SERVER_CPU:-}" ] && srv+=(taskset -c "$SERVER_CPU")
+[ -n "${LOAD_CPU:-}" ] && load+=(taskset -c "$LOAD_CPU")
 
 dir=$(mktemp -d)
 trap 'kill -TERM ${server:-} 2>/dev/null || true; rm -rf "$dir"' EXIT
@@ -36,7 +40,7 @@ printf '\x00\x00\x00\x00\x00' > "$dir/health.bin" # an empty HealthCheckRequest
 
 leg() { # label rpc-name path frame
   local out
-  out=$("${run[@]}" h2load -D "$SECS" --warm-up-time 1 -c 16 -m 8 \
+  out=$("${load[@]}" h2load -D "$SECS" --warm-up-time 1 -c 16 -m 8 \
     -H 'content-type: application/grpc' -H 'te: trailers' -d "$4" \
     "http://127.0.0.1:$PORT$3" 2>&1)
   awk -v label="$1" -v rpc="$2" -v load="$(cut -d' ' -f1 /proc/loadavg)" '
@@ -51,7 +55,7 @@ leg() { # label rpc-name path frame
 for round in $(seq 1 "$ROUNDS"); do
   for spec in "$@"; do
     label=${spec%%=*} bin=${spec#*=}
-    "${run[@]}" "$bin" serve --listen "127.0.0.1:$PORT" --limits benches/limits.toml --log warn &
+    "${srv[@]}" "$bin" serve --listen "127.0.0.1:$PORT" --limits benches/limits.toml --log warn &
     server=$!
     for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
     legs=("check /bladbase.ratelimit.v1.RateLimiter/Check $dir/check.bin"
