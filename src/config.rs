@@ -178,7 +178,7 @@ pub struct ServeArgs {
     pub deny_trust: Duration,
 
     /// Threads deciding. 1 (the default): one current-thread runtime, the steadiest tail
-    /// and the lowest cost per call measured (BENCHMARKS.md §11). N > 1: a multi-thread
+    /// and the lowest cost per call measured (BENCHMARKS.md §12). N > 1: a multi-thread
     /// runtime of N workers; 0: one worker per core the process may use.
     #[arg(long, env = "RATELIMIT_WORKERS", default_value_t = 1)]
     pub workers: usize,

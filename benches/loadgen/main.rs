@@ -176,12 +176,13 @@ fn main() -> std::process::ExitCode {
         ratelimit::logging::init(ratelimit::logging::LogFormat::Text, filter);
     }
     let command_line = format!("cargo bench --bench loadgen -- {}", args[1..].join(" "));
-    // The load generator hosts its clients and in-process servers together, so it keeps
-    // one worker per core unless RATELIMIT_WORKERS says otherwise (1: one thread for all).
+    // In-process instances run as the binary does: `--workers`' default of one thread,
+    // here shared with the clients. RATELIMIT_WORKERS=0 gives one worker per core (the
+    // harness of BENCHMARKS.md §1–§11), N a multi-thread runtime of N workers.
     let workers = std::env::var("RATELIMIT_WORKERS")
         .ok()
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+        .unwrap_or(1);
     let runtime = match ratelimit::server::runtime(workers) {
         Ok(rt) => rt,
         Err(e) => {

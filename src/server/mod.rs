@@ -67,7 +67,7 @@ pub fn bind(addr: SocketAddr) -> Result<TcpIncoming, ServeError> {
 /// in FIFO order: no work stealing, no LIFO slot that lets a just-woken task overtake the
 /// queue, no wake-ups across threads. It measured the tighter tail, fewer instructions
 /// per call and, on 2 cores shared with the load, more calls per second than two workers
-/// (BENCHMARKS.md §11). One thread decides far more checks per second than an instance
+/// (BENCHMARKS.md §12). One thread decides far more checks per second than an instance
 /// is sent; capacity comes from more instances, and a larger one can opt into workers.
 pub fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
     let workers = match workers {
