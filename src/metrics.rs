@@ -19,7 +19,7 @@
 
 use crate::breaker::State;
 use crate::decision::{Decision, Source};
-use metrics::{Counter, Gauge, counter, gauge, histogram};
+use metrics::{Counter, counter, gauge, histogram};
 #[cfg(feature = "server")]
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::collections::HashMap;
@@ -35,6 +35,7 @@ const STORE_DURATION: &str = "ratelimit_store_request_duration_seconds";
 const STORE_ERRORS: &str = "ratelimit_store_errors_total";
 const BREAKER_STATE: &str = "ratelimit_breaker_state";
 const BREAKER_TRANSITIONS: &str = "ratelimit_breaker_transitions_total";
+#[cfg(feature = "server")]
 const IN_FLIGHT: &str = "ratelimit_checks_in_flight";
 const SHED: &str = "ratelimit_shed_total";
 const EVICTIONS: &str = "ratelimit_cache_evictions_total";
@@ -57,7 +58,6 @@ const STORE_BUCKETS: &[f64] = &[
 // cache is bounded by the limits file.
 #[derive(Default)]
 struct Handles {
-    in_flight: Option<Gauge>,
     /// Per limit: one counter per (outcome, source), at [`decision_slot`].
     /// A short list, not a map: limits are a handful, and comparing the decision's
     /// `Arc` by address first finds the row without hashing its name.
@@ -171,14 +171,10 @@ pub fn shed() {
     counter!(SHED).increment(1);
 }
 
-/// The in-flight gauge's handle (see [`Handles`]), for a holder that updates it itself.
-pub(crate) fn in_flight_gauge() -> Gauge {
-    if let Some(g) = &handles().in_flight {
-        return g.clone();
-    }
-    let g = gauge!(IN_FLIGHT);
-    handles_mut().in_flight = Some(g.clone());
-    g
+/// The in-flight gauge, for the server's load shedding, which holds it and updates it.
+#[cfg(feature = "server")]
+pub(crate) fn in_flight_gauge() -> metrics::Gauge {
+    gauge!(IN_FLIGHT)
 }
 
 #[cfg(feature = "server")]
