@@ -8,7 +8,8 @@
 //! - One moka entry per `(limit, key, window)`. Putting the window in the key means a
 //!   counter is never reused across windows, so correctness never depends on when moka
 //!   evicts; expiry only frees memory.
-//! - Bounded twice. By time: each entry expires shortly after its window ends. And by
+//! - Bounded twice. By time: each entry expires shortly after its window ends, the
+//!   expiries of one window spread out so they are not all removed at once. And by
 //!   bytes: the cache has a weighted `max_capacity` (its share of `--memory-limit`,
 //!   `memory_budget.rs`), each entry weighed with its key. A flood of distinct keys
 //!   within one window therefore **can evict a live counter**: that key's count
@@ -17,6 +18,8 @@
 //!   one-off keys. Evictions are counted (`ratelimit_cache_evictions_total{cache}`).
 //! - The count is an `AtomicU32` updated by compare-and-swap of the whole batch, so a
 //!   batch is applied atomically without a lock.
+
+mod slot;
 
 use super::counter::{
     Admission, CounterStore, Outcome, StoreError, WindowCount, admit_cost, apply_batch,
@@ -28,81 +31,30 @@ use crate::window;
 use async_trait::async_trait;
 use moka::Expiry;
 use moka::sync::Cache;
-use std::borrow::Borrow;
-use std::hash::{Hash, Hasher};
+use slot::{Lookup, SlotKey, SlotRef};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long an entry outlives its window. A check that computed its window just before
 /// the boundary may arrive a little after it; it must still find the same counter.
 const GRACE: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Clone)]
-struct SlotKey {
-    limit: Arc<str>,
-    key: Box<str>,
-    window: i64,
-}
+/// The most an entry's expiry is spread past [`GRACE`] (see [`expiry_spread`]).
+const SPREAD_CAP: Duration = Duration::from_secs(30);
 
-/// A slot key's parts, owned ([`SlotKey`]) or borrowed ([`Lookup`]). A hit looks its slot
-/// up by a `Lookup` of the caller's strings, so the hot path allocates no key; only a new
-/// slot builds an owned one. Both hash and compare through [`SlotRef::parts`], which is
-/// what makes the two interchangeable as moka keys (`Borrow`'s contract).
-trait SlotRef {
-    fn parts(&self) -> (&str, &str, i64);
-}
-
-impl SlotRef for SlotKey {
-    fn parts(&self) -> (&str, &str, i64) {
-        (&self.limit, &self.key, self.window)
-    }
-}
-
-struct Lookup<'a> {
-    limit: &'a str,
-    key: &'a str,
-    window: i64,
-}
-
-impl SlotRef for Lookup<'_> {
-    fn parts(&self) -> (&str, &str, i64) {
-        (self.limit, self.key, self.window)
-    }
-}
-
-impl Hash for dyn SlotRef + '_ {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.parts().hash(state);
-    }
-}
-
-impl PartialEq for dyn SlotRef + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for dyn SlotRef + '_ {}
-
-impl Hash for SlotKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        (self as &dyn SlotRef).hash(state);
-    }
-}
-
-impl PartialEq for SlotKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for SlotKey {}
-
-impl<'a> Borrow<dyn SlotRef + 'a> for SlotKey {
-    fn borrow(&self) -> &(dyn SlotRef + 'a) {
-        self
-    }
+/// A new slot's extra time to live: spread evenly over half its window (at most
+/// [`SPREAD_CAP`]) by the order slots are created in. Without it every slot of a window
+/// expires at the same instant, and moka removes all expired entries in the one
+/// maintenance run that finds them, inline in whichever call triggers it: with many keys,
+/// one long stall of every call at each window's end (BENCHMARKS.md §12). Spread, each
+/// run finds a few. By creation order rather than by key, so no caller can line its keys
+/// up on one instant.
+fn expiry_spread(created: u64, window_ms: u64) -> Duration {
+    let range_ms = (window_ms / 2).min(SPREAD_CAP.as_millis() as u64);
+    // The fractional parts of n·φ (Fibonacci hashing) fill [0, 1) evenly for any run of n.
+    let fraction = created.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    Duration::from_millis(((u128::from(fraction) * u128::from(range_ms)) >> 64) as u64)
 }
 
 #[derive(Debug)]
@@ -125,6 +77,8 @@ impl Expiry<SlotKey, Arc<Slot>> for UntilWindowEnd {
 pub struct MemoryStore {
     slots: Cache<SlotKey, Arc<Slot>>,
     clock: SharedClock,
+    /// Slots created so far (by every clone): the sequence [`expiry_spread`] spreads by.
+    created: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -153,7 +107,11 @@ impl MemoryStore {
         })
         .expire_after(UntilWindowEnd)
         .build();
-        Self { slots, clock }
+        Self {
+            slots,
+            clock,
+            created: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     fn slot_key(limit: &Limit, key: &str, window: i64) -> SlotKey {
@@ -183,9 +141,12 @@ impl MemoryStore {
         // both count on it).
         self.slots.get_with(Self::slot_key(limit, key, window), || {
             let now = self.clock.now_ms();
+            let created = self.created.fetch_add(1, Ordering::Relaxed);
             Arc::new(Slot {
                 count: AtomicU32::new(0),
-                ttl: window::until_end(now, window, limit.window_ms) + GRACE,
+                ttl: window::until_end(now, window, limit.window_ms)
+                    + GRACE
+                    + expiry_spread(created, limit.window_ms),
             })
         })
     }
@@ -473,7 +434,36 @@ mod tests {
             .slots
             .get(&MemoryStore::slot_key(&l, "k", 1))
             .map(|s| s.ttl);
+        // The first slot created gets no spread.
         assert_eq!(slot, Some(Duration::from_secs(30) + GRACE));
         assert_eq!(s.entries(), 1);
+    }
+
+    #[test]
+    fn expiry_is_spread_evenly_over_half_a_window_at_most_the_cap() {
+        // 1,000 slots of a 60 s window: their extra lives fill [0 s, 30 s) with about
+        // 100 in each 3 s tenth, so no maintenance run meets them all at once.
+        let mut tenths = [0u32; 10];
+        for n in 0..1_000 {
+            let d = expiry_spread(n, 60_000);
+            assert!(d < Duration::from_secs(30), "{d:?}");
+            tenths[(d.as_millis() / 3_000) as usize] += 1;
+        }
+        assert!(
+            tenths.iter().all(|&c| (95..=105).contains(&c)),
+            "{tenths:?}"
+        );
+        // Short windows spread over half of themselves; long ones over the cap.
+        assert!((0..100).all(|n| expiry_spread(n, 1_000) < Duration::from_millis(500)));
+        assert!((0..100).all(|n| expiry_spread(n, 3_600_000) < SPREAD_CAP));
+        assert_eq!(expiry_spread(7, 1), Duration::ZERO);
+        // Slots of one store take turns, clones included.
+        let s = store();
+        let c = s.clone();
+        let l = Limit::new("t", 5, Duration::from_secs(60));
+        s.admit_now(&l, "a", 1, &[1]);
+        c.admit_now(&l, "b", 1, &[1]);
+        let ttl = |k: &str| s.slots.get(&MemoryStore::slot_key(&l, k, 1)).map(|s| s.ttl);
+        assert_ne!(ttl("a"), ttl("b"));
     }
 }
