@@ -130,11 +130,14 @@ impl MemoryStore {
         }
     }
 
-    fn slot(&self, limit: &Limit, key: &str, window: i64) -> Arc<Slot> {
-        if let Some(slot) = self
-            .slots
+    /// The slot of `(limit, key)` in `window`, if it exists (no key is allocated).
+    fn find(&self, limit: &Limit, key: &str, window: i64) -> Option<Arc<Slot>> {
+        self.slots
             .get(&Self::lookup(limit, key, window) as &dyn SlotRef)
-        {
+    }
+
+    fn slot(&self, limit: &Limit, key: &str, window: i64) -> Arc<Slot> {
+        if let Some(slot) = self.find(limit, key, window) {
             return slot;
         }
         // A new slot: `get_with` settles a race with a concurrent first hit (one wins,
@@ -151,16 +154,22 @@ impl MemoryStore {
         })
     }
 
-    /// One cost applied to `(limit, key)` in `window`, by the same rule as
-    /// [`MemoryStore::admit_now`] without building a batch.
-    pub fn admit_one_now(&self, limit: &Limit, key: &str, window: i64, cost: u32) -> Outcome {
+    /// Applies `rule` to the slot's count atomically: `rule(count)` gives the new count
+    /// and what to return, and is re-run on the newer count if another check got there
+    /// first. A rule that changes nothing writes nothing.
+    fn count_on<T>(
+        &self,
+        limit: &Limit,
+        key: &str,
+        window: i64,
+        mut rule: impl FnMut(u32) -> (u32, T),
+    ) -> T {
         let slot = self.slot(limit, key, window);
         let mut current = slot.count.load(Ordering::Acquire);
         loop {
-            let mut next = current;
-            let outcome = admit_cost(&mut next, limit.requests, cost);
+            let (next, out) = rule(current);
             if next == current {
-                return outcome;
+                return out;
             }
             match slot.count.compare_exchange_weak(
                 current,
@@ -168,44 +177,34 @@ impl MemoryStore {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return outcome,
+                Ok(_) => return out,
                 Err(actual) => current = actual,
             }
         }
     }
 
+    /// One cost applied to `(limit, key)` in `window`, by the same rule as
+    /// [`MemoryStore::admit_now`] without building a batch.
+    pub fn admit_one_now(&self, limit: &Limit, key: &str, window: i64, cost: u32) -> Outcome {
+        self.count_on(limit, key, window, |mut count| {
+            let outcome = admit_cost(&mut count, limit.requests, cost);
+            (count, outcome)
+        })
+    }
+
     /// Applies `costs` to `(limit, key)` in `window`; the synchronous core of [`CounterStore::admit`].
     pub fn admit_now(&self, limit: &Limit, key: &str, window: i64, costs: &[u32]) -> Admission {
-        let slot = self.slot(limit, key, window);
-        let mut current = slot.count.load(Ordering::Acquire);
-        loop {
-            let stored = Some(WindowCount {
-                window,
-                count: current,
-            });
+        self.count_on(limit, key, window, |count| {
+            let stored = Some(WindowCount { window, count });
             let (next, outcomes) = apply_batch(stored, window, limit.requests, costs);
-            if next.count == current {
-                return Admission { window, outcomes };
-            }
-            match slot.count.compare_exchange_weak(
-                current,
-                next.count,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Admission { window, outcomes },
-                Err(actual) => current = actual,
-            }
-        }
+            (next.count, Admission { window, outcomes })
+        })
     }
 
     /// Lowers the count of `(limit, key)` in `window` by at most `hits`; the synchronous
     /// core of [`CounterStore::release`].
     pub fn release_now(&self, limit: &Limit, key: &str, window: i64, hits: u32) -> bool {
-        let Some(slot) = self
-            .slots
-            .get(&Self::lookup(limit, key, window) as &dyn SlotRef)
-        else {
+        let Some(slot) = self.find(limit, key, window) else {
             return false;
         };
         let updated = slot
@@ -219,8 +218,7 @@ impl MemoryStore {
     /// The count of `(limit, key)` in `window`, without changing it.
     pub fn peek_now(&self, limit: &Limit, key: &str, window: i64) -> WindowCount {
         let count = self
-            .slots
-            .get(&Self::lookup(limit, key, window) as &dyn SlotRef)
+            .find(limit, key, window)
             .map_or(0, |s| s.count.load(Ordering::Acquire));
         WindowCount { window, count }
     }
