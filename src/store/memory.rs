@@ -5,20 +5,29 @@
 //! library's own fallback. One implementation keeps all three on the same arithmetic.
 //!
 //! Hot-path choices, made here:
-//! - One moka entry per `(limit, key, window)`. Putting the window in the key means a
-//!   counter is never reused across windows, so correctness never depends on when moka
-//!   evicts; expiry only frees memory.
-//! - Bounded twice. By time: each entry expires shortly after its window ends, the
-//!   expiries of one window spread out so they are not all removed at once. And by
-//!   bytes: the cache has a weighted `max_capacity` (its share of `--memory-limit`,
+//! - One moka entry per `(limit, key)` (and window length), holding the window it counts
+//!   in and the count (`memory/cell.rs`), like the shared stores' one node per key. A
+//!   busy key keeps its entry from window to window, so a window's start inserts nothing
+//!   and its end removes nothing: with per-window entries, every busy key was inserted
+//!   anew each window and removed after it, and moka removes whatever expires within one
+//!   timer tick in one maintenance run, inline in the call that triggers it (the tail at
+//!   10,000 keys, BENCHMARKS.md §13).
+//! - Bounded twice. By time: an entry lives while its key is checked and expires a little
+//!   more than a window after the last check ([`Slot::life_after_read`]), those expiries
+//!   spread so keys that go quiet together are not all removed at once. And by bytes: the
+//!   cache has a weighted `max_capacity` (its share of `--memory-limit`,
 //!   `memory_budget.rs`), each entry weighed with its key. A flood of distinct keys
 //!   within one window therefore **can evict a live counter**: that key's count
 //!   restarts at 0, so the limit is soft for it (it can admit again). moka's TinyLFU
 //!   keeps the entries of keys checked often, so a flood of one-off keys mostly evicts
 //!   one-off keys. Evictions are counted (`ratelimit_cache_evictions_total{cache}`).
-//! - The count is an `AtomicU32` updated by compare-and-swap of the whole batch, so a
-//!   batch is applied atomically without a lock.
+//! - Expiry never decides a count: an entry is dropped only after its window is over
+//!   (every read keeps it alive past the end of the window it can be counting in), and a
+//!   check in a newer window starts the count at 0 itself.
+//! - The count is updated by compare-and-swap of the whole batch, so a batch is applied
+//!   atomically without a lock.
 
+mod cell;
 mod slot;
 
 use super::counter::{
@@ -29,27 +38,28 @@ use crate::limits::Limit;
 use crate::memory_budget::{self, MemoryBudget};
 use crate::window;
 use async_trait::async_trait;
+use cell::Cell;
 use moka::Expiry;
 use moka::sync::Cache;
 use slot::{Lookup, SlotKey, SlotRef};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// How long an entry outlives its window. A check that computed its window just before
-/// the boundary may arrive a little after it; it must still find the same counter.
+/// How long an entry outlives the window it counts in. A check that computed its window
+/// just before the boundary may arrive a little after it; it must still find the same
+/// counter.
 const GRACE: Duration = Duration::from_secs(5);
 
 /// The most an entry's expiry is spread past [`GRACE`] (see [`expiry_spread`]).
 const SPREAD_CAP: Duration = Duration::from_secs(30);
 
 /// A new slot's extra time to live: spread evenly over half its window (at most
-/// [`SPREAD_CAP`]) by the order slots are created in. Without it every slot of a window
-/// expires at the same instant, and moka removes all expired entries in the one
-/// maintenance run that finds them, inline in whichever call triggers it: with many keys,
-/// one long stall of every call at each window's end (BENCHMARKS.md §12). Spread, each
-/// run finds a few. By creation order rather than by key, so no caller can line its keys
-/// up on one instant.
+/// [`SPREAD_CAP`]) by the order slots are created in. moka removes all the entries that
+/// expire within one timer tick in the one maintenance run that finds them, inline in
+/// whichever call triggers it, so keys that go quiet together must not expire together
+/// (an 84 ms stall at 10,000 keys, BENCHMARKS.md §12). By creation order rather than by
+/// key, so no caller can line its keys up on one instant.
 fn expiry_spread(created: u64, window_ms: u64) -> Duration {
     let range_ms = (window_ms / 2).min(SPREAD_CAP.as_millis() as u64);
     // The fractional parts of n·φ (Fibonacci hashing) fill [0, 1) evenly for any run of n.
@@ -59,16 +69,46 @@ fn expiry_spread(created: u64, window_ms: u64) -> Duration {
 
 #[derive(Debug)]
 struct Slot {
-    count: AtomicU32,
-    /// Time to live from creation: until the window ends, plus [`GRACE`].
+    cell: Cell,
+    /// The limit's window length.
+    window: Duration,
+    /// This slot's share of the expiry spread ([`expiry_spread`]).
+    spread: Duration,
+    /// Time to live from creation: until the first window ends, plus [`GRACE`] and the
+    /// spread.
     ttl: Duration,
 }
 
-struct UntilWindowEnd;
+impl Slot {
+    /// The slot's time to live after a read that found `left` of it. A read may be a
+    /// check in a window that ends up to a whole window from now, so the slot must live
+    /// at least that plus [`GRACE`]; when less is left it is extended by a further
+    /// `GRACE` and its spread, so a busy key is rescheduled at most once every `GRACE`,
+    /// not on every read. Unchanged, moka does no work for the read.
+    fn life_after_read(&self, left: Option<Duration>) -> Option<Duration> {
+        match left {
+            Some(left) if left >= self.window + GRACE => Some(left),
+            _ => Some(self.window + GRACE + GRACE + self.spread),
+        }
+    }
+}
 
-impl Expiry<SlotKey, Arc<Slot>> for UntilWindowEnd {
+struct Lifetime;
+
+impl Expiry<SlotKey, Arc<Slot>> for Lifetime {
     fn expire_after_create(&self, _: &SlotKey, slot: &Arc<Slot>, _: Instant) -> Option<Duration> {
         Some(slot.ttl)
+    }
+
+    fn expire_after_read(
+        &self,
+        _: &SlotKey,
+        slot: &Arc<Slot>,
+        _: Instant,
+        left: Option<Duration>,
+        _: Instant,
+    ) -> Option<Duration> {
+        slot.life_after_read(left)
     }
 }
 
@@ -105,7 +145,7 @@ impl MemoryStore {
         let slots = memory_budget::bounded(bytes, cache, |k: &SlotKey, _: &Arc<Slot>| {
             FIXED + k.key.len() + k.limit.len()
         })
-        .expire_after(UntilWindowEnd)
+        .expire_after(Lifetime)
         .build();
         Self {
             slots,
@@ -114,121 +154,105 @@ impl MemoryStore {
         }
     }
 
-    fn slot_key(limit: &Limit, key: &str, window: i64) -> SlotKey {
+    fn slot_key(limit: &Limit, key: &str) -> SlotKey {
         SlotKey {
             limit: limit.name.clone(),
             key: key.into(),
-            window,
+            window_ms: limit.window_ms,
         }
     }
 
-    fn lookup<'a>(limit: &'a Limit, key: &'a str, window: i64) -> Lookup<'a> {
-        Lookup {
+    /// The slot of `(limit, key)`, if it exists (no key is allocated).
+    fn find(&self, limit: &Limit, key: &str) -> Option<Arc<Slot>> {
+        let lookup = Lookup {
             limit: &limit.name,
             key,
-            window,
-        }
-    }
-
-    /// The slot of `(limit, key)` in `window`, if it exists (no key is allocated).
-    fn find(&self, limit: &Limit, key: &str, window: i64) -> Option<Arc<Slot>> {
-        self.slots
-            .get(&Self::lookup(limit, key, window) as &dyn SlotRef)
+            window_ms: limit.window_ms,
+        };
+        self.slots.get(&lookup as &dyn SlotRef)
     }
 
     fn slot(&self, limit: &Limit, key: &str, window: i64) -> Arc<Slot> {
-        if let Some(slot) = self.find(limit, key, window) {
+        if let Some(slot) = self.find(limit, key) {
             return slot;
         }
         // A new slot: `get_with` settles a race with a concurrent first hit (one wins,
         // both count on it).
-        self.slots.get_with(Self::slot_key(limit, key, window), || {
+        self.slots.get_with(Self::slot_key(limit, key), || {
             let now = self.clock.now_ms();
             let created = self.created.fetch_add(1, Ordering::Relaxed);
+            let spread = expiry_spread(created, limit.window_ms);
             Arc::new(Slot {
-                count: AtomicU32::new(0),
-                ttl: window::until_end(now, window, limit.window_ms)
-                    + GRACE
-                    + expiry_spread(created, limit.window_ms),
+                cell: Cell::new(window),
+                window: Duration::from_millis(limit.window_ms),
+                spread,
+                ttl: window::until_end(now, window, limit.window_ms) + GRACE + spread,
             })
         })
     }
 
-    /// Applies `rule` to the slot's count atomically: `rule(count)` gives the new count
-    /// and what to return, and is re-run on the newer count if another check got there
-    /// first. A rule that changes nothing writes nothing.
-    fn count_on<T>(
+    /// One cost applied to `(limit, key)` in `window` (or the newer window its counter is
+    /// already in), by the same rule as [`MemoryStore::admit_now`] without building a
+    /// batch. Returns the window counted in.
+    pub fn admit_one_now(
         &self,
         limit: &Limit,
         key: &str,
         window: i64,
-        mut rule: impl FnMut(u32) -> (u32, T),
-    ) -> T {
-        let slot = self.slot(limit, key, window);
-        let mut current = slot.count.load(Ordering::Acquire);
-        loop {
-            let (next, out) = rule(current);
-            if next == current {
-                return out;
-            }
-            match slot.count.compare_exchange_weak(
-                current,
-                next,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return out,
-                Err(actual) => current = actual,
-            }
-        }
-    }
-
-    /// One cost applied to `(limit, key)` in `window`, by the same rule as
-    /// [`MemoryStore::admit_now`] without building a batch.
-    pub fn admit_one_now(&self, limit: &Limit, key: &str, window: i64, cost: u32) -> Outcome {
-        self.count_on(limit, key, window, |mut count| {
+        cost: u32,
+    ) -> (i64, Outcome) {
+        self.slot(limit, key, window).cell.update(window, |seen| {
+            let mut count = seen.count;
             let outcome = admit_cost(&mut count, limit.requests, cost);
-            (count, outcome)
+            (outcome.allowed.then_some(count), (seen.window, outcome))
         })
     }
 
-    /// Applies `costs` to `(limit, key)` in `window`; the synchronous core of [`CounterStore::admit`].
+    /// Applies `costs` to `(limit, key)` in `window` (or the newer window its counter is
+    /// already in); the synchronous core of [`CounterStore::admit`].
     pub fn admit_now(&self, limit: &Limit, key: &str, window: i64, costs: &[u32]) -> Admission {
-        self.count_on(limit, key, window, |count| {
-            let stored = Some(WindowCount { window, count });
-            let (next, outcomes) = apply_batch(stored, window, limit.requests, costs);
-            (next.count, Admission { window, outcomes })
+        self.slot(limit, key, window).cell.update(window, |seen| {
+            let (next, outcomes) = apply_batch(Some(seen), seen.window, limit.requests, costs);
+            (
+                Some(next.count),
+                Admission {
+                    window: next.window,
+                    outcomes,
+                },
+            )
         })
     }
 
-    /// Lowers the count of `(limit, key)` in `window` by at most `hits`; the synchronous
-    /// core of [`CounterStore::release`].
+    /// Lowers the count of `(limit, key)` in `window` by at most `hits`, if its counter
+    /// is in that window; the synchronous core of [`CounterStore::release`].
     pub fn release_now(&self, limit: &Limit, key: &str, window: i64, hits: u32) -> bool {
-        let Some(slot) = self.find(limit, key, window) else {
+        let Some(slot) = self.find(limit, key) else {
             return false;
         };
-        let updated = slot
-            .count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
-                (c > 0 && hits > 0).then(|| c - hits.min(c))
-            });
-        updated.is_ok()
+        slot.cell.update(window, |seen| {
+            if seen.window == window && seen.count > 0 && hits > 0 {
+                (Some(seen.count - hits.min(seen.count)), true)
+            } else {
+                (None, false)
+            }
+        })
     }
 
-    /// The count of `(limit, key)` in `window`, without changing it.
+    /// The count of `(limit, key)` that a check in `window` sees, without changing it.
     pub fn peek_now(&self, limit: &Limit, key: &str, window: i64) -> WindowCount {
-        let count = self
-            .find(limit, key, window)
-            .map_or(0, |s| s.count.load(Ordering::Acquire));
-        WindowCount { window, count }
+        self.find(limit, key)
+            .map_or(WindowCount { window, count: 0 }, |s| s.cell.peek(window))
     }
 
-    /// Forgets `(limit, key)` in `window` and the next one.
-    pub fn reset_now(&self, limit: &Limit, key: &str, window: i64) {
-        for w in [window, window.saturating_add(1)] {
-            self.slots
-                .invalidate(&Self::lookup(limit, key, w) as &dyn SlotRef);
-        }
+    /// Forgets `(limit, key)`: its counter starts again from 0 (the window is ignored:
+    /// one counter holds every window of a key).
+    pub fn reset_now(&self, limit: &Limit, key: &str, _window: i64) {
+        let lookup = Lookup {
+            limit: &limit.name,
+            key,
+            window_ms: limit.window_ms,
+        };
+        self.slots.invalidate(&lookup as &dyn SlotRef);
     }
 
     /// Entries held, after pending expiry work is done. For tests and metrics.
@@ -265,7 +289,7 @@ impl CounterStore for MemoryStore {
         window: i64,
         cost: u32,
     ) -> Option<(i64, Outcome)> {
-        Some((window, self.admit_one_now(limit, key, window, cost)))
+        Some(self.admit_one_now(limit, key, window, cost))
     }
 
     async fn peek(&self, limit: &Limit, key: &str, window: i64) -> Result<WindowCount, StoreError> {
@@ -290,178 +314,4 @@ impl CounterStore for MemoryStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::ManualClock;
-
-    fn store() -> MemoryStore {
-        MemoryStore::new(Arc::new(ManualClock::new(1_000_000)))
-    }
-
-    #[test]
-    fn admits_up_to_the_limit_then_denies() {
-        let s = store();
-        let l = Limit::new("t", 3, Duration::from_secs(60));
-        let got: Vec<bool> = (0..5)
-            .map(|_| s.admit_now(&l, "k", 1, &[1]).outcomes[0].allowed)
-            .collect();
-        assert_eq!(got, [true, true, true, false, false]);
-        assert_eq!(s.peek_now(&l, "k", 1).count, 3);
-        assert_eq!(
-            s.peek_now(&l, "k", 2).count,
-            0,
-            "a new window starts at zero"
-        );
-    }
-
-    #[test]
-    fn keys_limits_and_windows_are_independent() {
-        let s = store();
-        let a = Limit::new("a", 1, Duration::from_secs(60));
-        let b = Limit::new("b", 1, Duration::from_secs(60));
-        assert!(s.admit_now(&a, "k", 1, &[1]).outcomes[0].allowed);
-        assert!(s.admit_now(&b, "k", 1, &[1]).outcomes[0].allowed);
-        assert!(s.admit_now(&a, "k2", 1, &[1]).outcomes[0].allowed);
-        assert!(s.admit_now(&a, "k", 2, &[1]).outcomes[0].allowed);
-        assert!(!s.admit_now(&a, "k", 1, &[1]).outcomes[0].allowed);
-    }
-
-    #[test]
-    fn reset_clears_the_window() {
-        let s = store();
-        let l = Limit::new("t", 1, Duration::from_secs(60));
-        assert!(s.admit_now(&l, "k", 1, &[1]).outcomes[0].allowed);
-        s.reset_now(&l, "k", 1);
-        assert_eq!(s.peek_now(&l, "k", 1).count, 0);
-        assert!(s.admit_now(&l, "k", 1, &[1]).outcomes[0].allowed);
-    }
-
-    #[test]
-    fn release_gives_back_at_most_what_was_counted_in_that_window() {
-        let s = store();
-        let l = Limit::new("t", 10, Duration::from_secs(60));
-        s.admit_now(&l, "k", 1, &[4]);
-        assert!(
-            !s.release_now(&l, "k", 2, 1),
-            "another window: nothing to give back"
-        );
-        assert!(s.release_now(&l, "k", 1, 3));
-        assert_eq!(s.peek_now(&l, "k", 1).count, 1);
-        assert!(s.release_now(&l, "k", 1, 9));
-        assert_eq!(s.peek_now(&l, "k", 1).count, 0, "never below zero");
-        assert!(!s.release_now(&l, "k", 1, 1));
-    }
-
-    #[test]
-    fn concurrent_threads_admit_exactly_the_limit() {
-        let s = store();
-        let l = Limit::new("t", 1_000, Duration::from_secs(60));
-        let admitted = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..8)
-                .map(|_| {
-                    scope.spawn(|| {
-                        (0..500)
-                            .filter(|_| s.admit_now(&l, "hot", 1, &[1]).outcomes[0].allowed)
-                            .count()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(0))
-                .sum::<usize>()
-        });
-        assert_eq!(admitted, 1_000);
-        assert_eq!(s.peek_now(&l, "hot", 1).count, 1_000);
-    }
-
-    #[test]
-    fn one_cost_at_once_counts_on_the_batch_counter_by_the_same_rule() {
-        let s = store();
-        let l = Limit::new("t", 5, Duration::from_secs(60));
-        assert_eq!(s.admit_one_now(&l, "k", 1, 2).count, 2);
-        assert_eq!(s.admit_now(&l, "k", 1, &[2]).outcomes[0].count, 4);
-        let denied = s.admit_one_now(&l, "k", 1, 2);
-        assert!(!denied.allowed);
-        assert_eq!(denied.count, 4, "a denied cost adds nothing");
-        assert!(
-            s.admit_one_now(&l, "k", 1, 1).allowed,
-            "a smaller cost still fits"
-        );
-        assert_eq!(s.peek_now(&l, "k", 1).count, 5);
-        // Borrowed and owned keys meet on one entry for every key shape, so a lookup
-        // never misses a slot and starts a second counter.
-        for key in ["", "k2", "ü~b%2F", &"x".repeat(512)] {
-            assert!(s.admit_one_now(&l, key, 1, 5).allowed);
-            assert!(!s.admit_one_now(&l, key, 1, 1).allowed, "{key:?}");
-        }
-        assert_eq!(s.entries(), 5);
-        assert_eq!(
-            CounterStore::admit_at_once(&s, &l, "k", 1, 1),
-            Some((
-                1,
-                Outcome {
-                    allowed: false,
-                    count: 5
-                }
-            ))
-        );
-    }
-
-    #[test]
-    fn the_byte_budget_bounds_the_entries_keys_included() {
-        let s = MemoryStore::with_budget(Arc::new(ManualClock::new(0)), 1 << 20, "test");
-        let l = Limit::new("t", 5, Duration::from_secs(60));
-        for i in 0..20_000 {
-            s.admit_now(&l, &format!("{i:0>500}"), 1, &[1]);
-        }
-        // A 500-byte key's entry weighs over 900 bytes: at most 1,100 fit in 1 MiB.
-        let held = s.entries();
-        assert!((100..=1_100).contains(&held), "{held}");
-        assert!(s.slots.weighted_size() <= 1 << 20);
-    }
-
-    #[test]
-    fn entries_live_until_their_window_ends_plus_grace() {
-        // Expiry itself runs on moka's real clock (it cannot be mocked), so this checks
-        // the deadline each entry is created with rather than sleeping past it.
-        let s = MemoryStore::new(Arc::new(ManualClock::new(90_000)));
-        let l = Limit::new("t", 5, Duration::from_secs(60));
-        s.admit_now(&l, "k", 1, &[1]);
-        let slot = s
-            .slots
-            .get(&MemoryStore::slot_key(&l, "k", 1))
-            .map(|s| s.ttl);
-        // The first slot created gets no spread.
-        assert_eq!(slot, Some(Duration::from_secs(30) + GRACE));
-        assert_eq!(s.entries(), 1);
-    }
-
-    #[test]
-    fn expiry_is_spread_evenly_over_half_a_window_at_most_the_cap() {
-        // 1,000 slots of a 60 s window: their extra lives fill [0 s, 30 s) with about
-        // 100 in each 3 s tenth, so no maintenance run meets them all at once.
-        let mut tenths = [0u32; 10];
-        for n in 0..1_000 {
-            let d = expiry_spread(n, 60_000);
-            assert!(d < Duration::from_secs(30), "{d:?}");
-            tenths[(d.as_millis() / 3_000) as usize] += 1;
-        }
-        assert!(
-            tenths.iter().all(|&c| (95..=105).contains(&c)),
-            "{tenths:?}"
-        );
-        // Short windows spread over half of themselves; long ones over the cap.
-        assert!((0..100).all(|n| expiry_spread(n, 1_000) < Duration::from_millis(500)));
-        assert!((0..100).all(|n| expiry_spread(n, 3_600_000) < SPREAD_CAP));
-        assert_eq!(expiry_spread(7, 1), Duration::ZERO);
-        // Slots of one store take turns, clones included.
-        let s = store();
-        let c = s.clone();
-        let l = Limit::new("t", 5, Duration::from_secs(60));
-        s.admit_now(&l, "a", 1, &[1]);
-        c.admit_now(&l, "b", 1, &[1]);
-        let ttl = |k: &str| s.slots.get(&MemoryStore::slot_key(&l, k, 1)).map(|s| s.ttl);
-        assert_ne!(ttl("a"), ttl("b"));
-    }
-}
+mod tests;
