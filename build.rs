@@ -17,7 +17,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // stub only with `client`: a client-only build compiles the messages and the stub.
     let server = env::var_os("CARGO_FEATURE_SERVER").is_some();
     let client = env::var_os("CARGO_FEATURE_CLIENT").is_some();
+    // Our codec (src/codec.rs): prost messages decoded from and encoded into slices.
     tonic_prost_build::configure()
+        .codec_path("crate::codec::SliceCodec")
         .build_server(server)
         .build_client(client)
         .compile_fds(fds)?;

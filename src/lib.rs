@@ -61,7 +61,8 @@
 //! - [`store`]: the [`store::CounterStore`] trait, its types and [`store::MemoryStore`].
 //! - [`memory_budget`]: the byte budget every cache and window map is bounded by.
 //! - [`metrics`]: every Prometheus metric name (recorded by service and client alike).
-//! - [`pb`]: generated protobuf code and the gRPC client stub.
+//! - [`pb`]: generated protobuf code and the gRPC client stub; [`codec`]: the gRPC codec
+//!   they use (prost messages decoded from and encoded into slices).
 //!
 //! The service (feature `server`):
 //!
@@ -85,6 +86,7 @@ pub mod breaker;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod clock;
+pub mod codec;
 pub mod decision;
 pub mod fallback;
 pub mod limits;

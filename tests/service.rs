@@ -271,6 +271,39 @@ async fn list_limits_returns_the_configuration() {
     );
 }
 
+#[tokio::test]
+async fn an_answer_larger_than_the_codecs_stack_buffer_arrives_whole() {
+    // Twenty limits with 64-character names: a ListLimits answer of over 1,500 bytes,
+    // past the 256 bytes `codec.rs` encodes on the stack, so it is encoded in place.
+    let toml: String = (0..20)
+        .map(|i| {
+            format!(
+                "[[limit]]\nname = \"{i:0>64}\"\nrequests = {}\nwindow = \"60s\"\ndefault = {}\n",
+                i + 1,
+                i == 0
+            )
+        })
+        .collect();
+    let mut h = start(limits(&toml), None).await;
+    let r = h
+        .client
+        .list_limits(ListLimitsRequest {})
+        .await
+        .expect("list")
+        .into_inner();
+    let got: Vec<(String, u32)> = r.limits.into_iter().map(|l| (l.name, l.requests)).collect();
+    let want: Vec<(String, u32)> = (0..20).map(|i| (format!("{i:0>64}"), i + 1)).collect();
+    assert_eq!(got, want);
+    // And a Check naming one of them answers with its 64-byte name on the stack path.
+    let d = h
+        .client
+        .check(req(&format!("{:0>64}", 19), "k", 1))
+        .await
+        .expect("check")
+        .into_inner();
+    assert_eq!((d.limit_name.len(), d.limit, d.remaining), (64, 20, 19));
+}
+
 fn reset_req(key: &str, token: Option<&str>) -> tonic::Request<ResetRequest> {
     let mut r = tonic::Request::new(ResetRequest {
         key: key.into(),
