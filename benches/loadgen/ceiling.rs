@@ -6,6 +6,8 @@
 //! first in even ones, so a drift in the machine's load hits both alike). `Health/Check`
 //! runs tonic's routing, HTTP/2 and protobuf but no decision: its rate is the ceiling of
 //! the stack, and the ratio of the two rates is the share of it a decision leaves.
+//! Both legs' clients use the same codec (`ratelimit::codec`), so what differs between
+//! them is the server's work alone.
 //! Ratios, not absolute rates, are what this compares: the VM's noise moves both. Each
 //! leg also reports calls per CPU-second of this process (client and server together),
 //! which other processes on a shared machine disturb far less than the wall-clock rate.
@@ -13,6 +15,7 @@
 use crate::engine::{Env, EnvSpec, percentile, unique_prefix};
 use crate::report::{self, CpuSampler};
 use clap::Args;
+use ratelimit::codec::SliceCodec;
 use ratelimit::config::parse_duration;
 use ratelimit::pb::CheckRequest;
 use ratelimit::pb::rate_limiter_client::RateLimiterClient;
@@ -20,8 +23,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
-use tonic_health::pb::HealthCheckRequest;
-use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 #[derive(Debug, Clone, Args)]
 pub struct CeilingArgs {
@@ -179,13 +181,10 @@ async fn leg(
                     }
                 }
                 Rpc::Health => {
-                    let mut client = HealthClient::new(channel);
+                    let mut client = tonic::client::Grpc::new(channel);
                     while started.elapsed() < duration {
-                        let req = HealthCheckRequest {
-                            service: String::new(),
-                        };
                         let sent = Instant::now();
-                        match client.check(req).await {
+                        match health_check(&mut client).await {
                             Ok(_) => lat.push(elapsed_ns(sent)),
                             Err(_) => errors += 1,
                         }
@@ -313,4 +312,25 @@ fn ratio_lines(legs: &[Leg]) -> String {
         );
     }
     t
+}
+
+/// `Health/Check` as tonic-health's generated client sends it, but through the codec the
+/// `RateLimiter` client uses (`ratelimit::codec`), so the clients of the two legs do the
+/// same work and only the servers' differ. (tonic-health's own client would encode and
+/// decode through `ProstCodec`, costing this process more per Health call than per Check.)
+async fn health_check(
+    client: &mut tonic::client::Grpc<Channel>,
+) -> Result<tonic::Response<HealthCheckResponse>, tonic::Status> {
+    client
+        .ready()
+        .await
+        .map_err(|e| tonic::Status::unknown(format!("not ready: {e}")))?;
+    let mut req = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    req.extensions_mut()
+        .insert(tonic::GrpcMethod::new("grpc.health.v1.Health", "Check"));
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/grpc.health.v1.Health/Check");
+    let codec: SliceCodec<HealthCheckRequest, HealthCheckResponse> = SliceCodec::default();
+    client.unary(req, path, codec).await
 }
