@@ -6,7 +6,7 @@
 //!
 //! Hot-path choices, made here:
 //! - One moka entry per `(limit, key)` (and window length), holding the window it counts
-//!   in and the count (`memory/cell.rs`), like the shared stores' one node per key. A
+//!   in and the count (`memory/cell.rs`), as the Redis store keeps one string per key. A
 //!   busy key keeps its entry from window to window, so a window's start inserts nothing
 //!   and its end removes nothing: with per-window entries, every busy key was inserted
 //!   anew each window and removed after it, and moka removes whatever expires within one

@@ -3,7 +3,7 @@
 //! compare-and-swap and no lock.
 //!
 //! A cell lives as long as its key is checked and is reused from window to window, the
-//! way the shared stores keep one counter per key: a busy key costs no new entry at each
+//! way the Redis store keeps one string per key: a busy key costs no new entry at each
 //! window's start and no removal after its end. That is what keeps the window boundary
 //! off the tail (BENCHMARKS.md §13).
 //!
@@ -21,7 +21,7 @@ pub(super) struct Cell(AtomicU64);
 
 /// What a check in `window` sees in a cell holding `state`: the cell's window and count
 /// when it is `window` or newer (a check that computed its window just before the
-/// boundary counts in the newer one, as with the shared stores), else `window` at 0.
+/// boundary counts in the newer one: `apply_batch`'s rule for every store), else `window` at 0.
 fn visible(state: u64, window: i64) -> WindowCount {
     let held = (state >> 32) as u32;
     let ahead = held.wrapping_sub(window as u32) as i32;

@@ -199,7 +199,7 @@ fn a_key_keeps_one_counter_from_window_to_window() {
 }
 
 #[test]
-fn a_check_late_for_its_window_counts_in_the_newer_one_as_the_shared_stores_do() {
+fn a_check_late_for_its_window_counts_in_the_newer_one_by_the_shared_rule() {
     let s = store();
     let l = Limit::new("t", 3, Duration::from_secs(60));
     s.admit_now(&l, "k", 1, &[3]);
