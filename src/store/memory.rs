@@ -13,7 +13,7 @@
 //!   timer tick in one maintenance run, inline in the call that triggers it (the tail at
 //!   10,000 keys, BENCHMARKS.md §13).
 //! - Bounded twice. By time: an entry lives while its key is checked and expires a little
-//!   more than a window after the last check ([`Slot::life_after_read`]), those expiries
+//!   more than a window after the last check (`Slot::life_after_read`), those expiries
 //!   spread so keys that go quiet together are not all removed at once. And by bytes: the
 //!   cache has a weighted `max_capacity` (its share of `--memory-limit`,
 //!   `memory_budget.rs`), each entry weighed with its key. A flood of distinct keys
