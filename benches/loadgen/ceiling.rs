@@ -45,9 +45,13 @@ pub struct CeilingArgs {
     /// Warm-up of both RPCs before the first round (not counted).
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     warmup: Duration,
+    /// Run only this RPC's legs (no ratio): for counting one RPC's instructions per call
+    /// under callgrind, where the two legs of a round cannot be told apart.
+    #[arg(long, value_enum)]
+    only: Option<Rpc>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Rpc {
     Check,
     Health,
@@ -115,8 +119,9 @@ pub async fn ceiling(a: CeilingArgs) -> Result<(), String> {
             .collect()
     });
     let duration = a.duration.min(crate::engine::MAX_DURATION);
-    for rpc in [Rpc::Check, Rpc::Health] {
-        leg(&channels, concurrency, a.warmup, rpc, &keys, 0).await;
+    let wanted = |rpc: &Rpc| a.only.is_none_or(|only| only == *rpc);
+    for rpc in [Rpc::Check, Rpc::Health].iter().filter(|r| wanted(r)) {
+        leg(&channels, concurrency, a.warmup, *rpc, &keys, 0).await;
     }
     let mut legs = Vec::new();
     for round in 1..=a.rounds.max(1) {
@@ -125,7 +130,7 @@ pub async fn ceiling(a: CeilingArgs) -> Result<(), String> {
         } else {
             [Rpc::Health, Rpc::Check]
         };
-        for rpc in order {
+        for rpc in order.into_iter().filter(|r| wanted(r)) {
             eprintln!("  running: round {round}, {}", rpc.name());
             legs.push(leg(&channels, concurrency, duration, rpc, &keys, round).await);
         }
@@ -136,8 +141,10 @@ pub async fn ceiling(a: CeilingArgs) -> Result<(), String> {
         duration.as_secs_f64()
     );
     print!("{}", legs_table(&legs, concurrency, connections));
-    println!();
-    print!("{}", ratio_lines(&legs));
+    if a.only.is_none() {
+        println!();
+        print!("{}", ratio_lines(&legs));
+    }
     env.stop().await;
     Ok(())
 }
