@@ -110,7 +110,7 @@ impl LocalWindow {
         Decision::from_state(limit, now, self.store.peek_now(limit, key, window), source)
     }
 
-    /// Forgets `key`'s window under `limit` (the current and the next one).
+    /// Forgets `key`'s counter under `limit`: it starts again from 0.
     pub fn reset(&self, limit: &Limit, key: &str) {
         let window = window::number(self.clock.now_ms(), limit.window_ms);
         self.store.reset_now(limit, key, window);

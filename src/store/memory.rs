@@ -12,18 +12,22 @@
 //!   anew each window and removed after it, and moka removes whatever expires within one
 //!   timer tick in one maintenance run, inline in the call that triggers it (the tail at
 //!   10,000 keys, BENCHMARKS.md §13).
-//! - Bounded twice. By time: an entry lives while its key is checked and expires a little
-//!   more than a window after the last check (`Slot::life_after_read`), those expiries
-//!   spread so keys that go quiet together are not all removed at once. And by bytes: the
+//! - Bounded twice. By time: an entry lives while its key is checked and expires between
+//!   a window plus 5 s and a window plus 10 s and its spread after the last check
+//!   (`Slot::life_after_read`), the spread making keys that go quiet together expire
+//!   apart rather than in one maintenance run. And by bytes: the
 //!   cache has a weighted `max_capacity` (its share of `--memory-limit`,
 //!   `memory_budget.rs`), each entry weighed with its key. A flood of distinct keys
 //!   within one window therefore **can evict a live counter**: that key's count
 //!   restarts at 0, so the limit is soft for it (it can admit again). moka's TinyLFU
 //!   keeps the entries of keys checked often, so a flood of one-off keys mostly evicts
 //!   one-off keys. Evictions are counted (`ratelimit_cache_evictions_total{cache}`).
-//! - Expiry never decides a count: an entry is dropped only after its window is over
-//!   (every read keeps it alive past the end of the window it can be counting in), and a
-//!   check in a newer window starts the count at 0 itself.
+//! - Expiry does not decide counts: an entry lives a whole window plus grace from its
+//!   creation and from every read that finds less left, so it is dropped only after
+//!   every window a check can have counted in is over, and a check in a newer window
+//!   starts the count at 0 itself. (One race remains, as moka has it: a read that finds
+//!   an entry at the very instant its old expiry passes can count on it while a
+//!   concurrent maintenance run removes it; that entry was idle for a window or more.)
 //! - The count is updated by compare-and-swap of the whole batch, so a batch is applied
 //!   atomically without a lock.
 
@@ -74,8 +78,10 @@ struct Slot {
     window: Duration,
     /// This slot's share of the expiry spread ([`expiry_spread`]).
     spread: Duration,
-    /// Time to live from creation: until the first window ends, plus [`GRACE`] and the
-    /// spread.
+    /// Time to live from creation: a whole window plus [`GRACE`] and the spread. Not
+    /// "until the creating check's window ends": a check that waited on the creation
+    /// (moka's `get_with` hands it the new slot without a read, so without
+    /// [`Slot::life_after_read`]) may already be in the next window and count there.
     ttl: Duration,
 }
 
@@ -179,14 +185,13 @@ impl MemoryStore {
         // A new slot: `get_with` settles a race with a concurrent first hit (one wins,
         // both count on it).
         self.slots.get_with(Self::slot_key(limit, key), || {
-            let now = self.clock.now_ms();
             let created = self.created.fetch_add(1, Ordering::Relaxed);
             let spread = expiry_spread(created, limit.window_ms);
             Arc::new(Slot {
                 cell: Cell::new(window),
                 window: Duration::from_millis(limit.window_ms),
                 spread,
-                ttl: window::until_end(now, window, limit.window_ms) + GRACE + spread,
+                ttl: Duration::from_millis(limit.window_ms) + GRACE + spread,
             })
         })
     }

@@ -12,6 +12,10 @@
 //! never more than its expiry behind the windows checked against it (at most one window
 //! plus some seconds, `memory.rs`), and a cell is keyed by its window length, so windows
 //! of one cell are always numbered alike.
+//!
+//! Windows only move forward, as in the shared stores: if the wall clock steps back, a
+//! cell stays in the newer window it holds (a full key stays denied) until the clock
+//! catches up with it, rather than handing out a second count for windows it has seen.
 
 use super::super::counter::WindowCount;
 use std::sync::atomic::{AtomicU64, Ordering};
