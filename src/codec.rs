@@ -64,7 +64,7 @@ impl<T: Message> Encoder for SliceEncoder<T> {
         let encoded = match item.encode(&mut free) {
             Ok(()) => STACK_ENCODE - free.len(),
             // Too large for the stack: prost wrote nothing, so encode it in place.
-            Err(_) => return item.encode(buf).map_err(encode_error),
+            Err(_) => return item.encode(buf).map_err(internal),
         };
         buf.put_slice(stack.get(..encoded).unwrap_or_default());
         Ok(())
@@ -83,22 +83,18 @@ impl<U: Message + Default> Decoder for SliceDecoder<U> {
         let len = buf.remaining();
         let chunk = buf.chunk();
         let item = if chunk.len() == len {
-            let item = U::decode(chunk).map_err(decode_error)?;
+            let item = U::decode(chunk).map_err(internal)?;
             buf.advance(len);
             item
         } else {
-            U::decode(buf).map_err(decode_error)?
+            U::decode(buf).map_err(internal)?
         };
         Ok(Some(item))
     }
 }
 
-fn encode_error(e: prost::EncodeError) -> Status {
-    Status::internal(e.to_string())
-}
-
-/// The same status `ProstCodec` gives a message that does not decode.
-fn decode_error(e: prost::DecodeError) -> Status {
+/// The status `ProstCodec` gives a message that does not encode or decode.
+fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
 }
 

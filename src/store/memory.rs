@@ -78,14 +78,17 @@ struct Slot {
     window: Duration,
     /// This slot's share of the expiry spread ([`expiry_spread`]).
     spread: Duration,
+}
+
+impl Slot {
     /// Time to live from creation: a whole window plus [`GRACE`] and the spread. Not
     /// "until the creating check's window ends": a check that waited on the creation
     /// (moka's `get_with` hands it the new slot without a read, so without
     /// [`Slot::life_after_read`]) may already be in the next window and count there.
-    ttl: Duration,
-}
+    fn first_life(&self) -> Duration {
+        self.window + GRACE + self.spread
+    }
 
-impl Slot {
     /// The slot's time to live after a read that found `left` of it. A read may be a
     /// check in a window that ends up to a whole window from now, so the slot must live
     /// at least that plus [`GRACE`]; when less is left it is extended by a further
@@ -103,7 +106,7 @@ struct Lifetime;
 
 impl Expiry<SlotKey, Arc<Slot>> for Lifetime {
     fn expire_after_create(&self, _: &SlotKey, slot: &Arc<Slot>, _: Instant) -> Option<Duration> {
-        Some(slot.ttl)
+        Some(slot.first_life())
     }
 
     fn expire_after_read(
@@ -168,14 +171,17 @@ impl MemoryStore {
         }
     }
 
-    /// The slot of `(limit, key)`, if it exists (no key is allocated).
-    fn find(&self, limit: &Limit, key: &str) -> Option<Arc<Slot>> {
-        let lookup = Lookup {
+    fn lookup<'a>(limit: &'a Limit, key: &'a str) -> Lookup<'a> {
+        Lookup {
             limit: &limit.name,
             key,
             window_ms: limit.window_ms,
-        };
-        self.slots.get(&lookup as &dyn SlotRef)
+        }
+    }
+
+    /// The slot of `(limit, key)`, if it exists (no key is allocated).
+    fn find(&self, limit: &Limit, key: &str) -> Option<Arc<Slot>> {
+        self.slots.get(&Self::lookup(limit, key) as &dyn SlotRef)
     }
 
     fn slot(&self, limit: &Limit, key: &str, window: i64) -> Arc<Slot> {
@@ -186,12 +192,10 @@ impl MemoryStore {
         // both count on it).
         self.slots.get_with(Self::slot_key(limit, key), || {
             let created = self.created.fetch_add(1, Ordering::Relaxed);
-            let spread = expiry_spread(created, limit.window_ms);
             Arc::new(Slot {
                 cell: Cell::new(window),
                 window: Duration::from_millis(limit.window_ms),
-                spread,
-                ttl: Duration::from_millis(limit.window_ms) + GRACE + spread,
+                spread: expiry_spread(created, limit.window_ms),
             })
         })
     }
@@ -252,12 +256,8 @@ impl MemoryStore {
     /// Forgets `(limit, key)`: its counter starts again from 0 (the window is ignored:
     /// one counter holds every window of a key).
     pub fn reset_now(&self, limit: &Limit, key: &str, _window: i64) {
-        let lookup = Lookup {
-            limit: &limit.name,
-            key,
-            window_ms: limit.window_ms,
-        };
-        self.slots.invalidate(&lookup as &dyn SlotRef);
+        self.slots
+            .invalidate(&Self::lookup(limit, key) as &dyn SlotRef);
     }
 
     /// Entries held, after pending expiry work is done. For tests and metrics.

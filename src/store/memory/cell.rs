@@ -17,26 +17,22 @@
 //! cell stays in the newer window it holds (a full key stays denied) until the clock
 //! catches up with it, rather than handing out a second count for windows it has seen.
 
-use super::super::counter::WindowCount;
+use super::super::counter::{WindowCount, visible_count};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug)]
 pub(super) struct Cell(AtomicU64);
 
-/// What a check in `window` sees in a cell holding `state`: the cell's window and count
-/// when it is `window` or newer (a check that computed its window just before the
-/// boundary counts in the newer one: `apply_batch`'s rule for every store), else `window` at 0.
+/// What a check in `window` sees in a cell holding `state`: the shared rule
+/// (`visible_count`: the held window if it is `window` or newer, else `window` at 0)
+/// applied to the held window, rebuilt from its low 32 bits next to `window`.
 fn visible(state: u64, window: i64) -> WindowCount {
-    let held = (state >> 32) as u32;
-    let ahead = held.wrapping_sub(window as u32) as i32;
-    if ahead >= 0 {
-        WindowCount {
-            window: window.saturating_add(i64::from(ahead)),
-            count: state as u32,
-        }
-    } else {
-        WindowCount { window, count: 0 }
-    }
+    let ahead = ((state >> 32) as u32).wrapping_sub(window as u32) as i32;
+    let held = WindowCount {
+        window: window.saturating_add(i64::from(ahead)),
+        count: state as u32,
+    };
+    visible_count(Some(held), window)
 }
 
 fn pack(w: WindowCount) -> u64 {

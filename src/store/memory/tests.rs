@@ -149,7 +149,10 @@ fn a_new_entry_lives_a_whole_window_plus_grace_wherever_in_its_window_it_is_made
     let s = MemoryStore::new(Arc::new(ManualClock::new(119_999)));
     let l = Limit::new("t", 5, Duration::from_secs(60));
     s.admit_now(&l, "k", 1, &[1]);
-    let slot = s.slots.get(&MemoryStore::slot_key(&l, "k")).map(|s| s.ttl);
+    let slot = s
+        .slots
+        .get(&MemoryStore::slot_key(&l, "k"))
+        .map(|s| s.first_life());
     // The first slot created gets no spread.
     assert_eq!(slot, Some(Duration::from_secs(60) + GRACE));
     assert_eq!(s.entries(), 1);
@@ -179,7 +182,11 @@ fn expiry_is_spread_evenly_over_half_a_window_at_most_the_cap() {
     let l = Limit::new("t", 5, Duration::from_secs(60));
     s.admit_now(&l, "a", 1, &[1]);
     c.admit_now(&l, "b", 1, &[1]);
-    let ttl = |k: &str| s.slots.get(&MemoryStore::slot_key(&l, k)).map(|s| s.ttl);
+    let ttl = |k: &str| {
+        s.slots
+            .get(&MemoryStore::slot_key(&l, k))
+            .map(|s| s.first_life())
+    };
     assert_ne!(ttl("a"), ttl("b"));
 }
 
