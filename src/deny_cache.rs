@@ -11,11 +11,11 @@
 //! store request per `trust` per instance instead of one per check: 1,000 extra checks
 //! in a second cost 1 request. Time is the limiter's injected clock.
 
+use crate::cache_key::{CacheKey, KeyRef};
 use crate::clock::SharedClock;
 use crate::limits::Limit;
 use crate::memory_budget::{self, MemoryBudget};
 use moka::sync::Cache;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How long "exhausted" is believed without asking the store again, by default.
@@ -31,7 +31,9 @@ struct Exhausted {
 
 /// `(limit, key)` → the window in which the key is exhausted.
 pub struct DenyCache {
-    exhausted: Cache<(Arc<str>, Arc<str>), Exhausted>,
+    /// Keyed with the window length, so a limit reloaded with another length never
+    /// compares window numbers of two scales (`cache_key.rs`).
+    exhausted: Cache<CacheKey, Exhausted>,
     clock: SharedClock,
     trust_ms: u64,
 }
@@ -52,12 +54,12 @@ impl DenyCache {
     /// An empty cache of at most `bytes` (keys included); evicting an entry only costs
     /// one store call later.
     pub fn with_budget(clock: SharedClock, trust: Duration, bytes: u64) -> Self {
-        const FIXED: usize = 2 * size_of::<Arc<str>>() + 2 * 16 + size_of::<Exhausted>();
+        const FIXED: usize = size_of::<CacheKey>() + 2 * 16 + size_of::<Exhausted>();
         Self {
             // Correctness comes from comparing windows; expiry only frees memory, so a
             // coarse idle timeout is enough (no per-entry deadline on moka's real clock).
-            exhausted: memory_budget::bounded(bytes, "deny", |k: &(Arc<str>, Arc<str>), _| {
-                FIXED + k.0.len() + k.1.len()
+            exhausted: memory_budget::bounded(bytes, "deny", |k: &CacheKey, _| {
+                FIXED + k.heap_len()
             })
             .time_to_idle(std::time::Duration::from_secs(3_600))
             .build(),
@@ -71,7 +73,7 @@ impl DenyCache {
     pub fn is_exhausted(&self, limit: &Limit, key: &str, window: i64) -> bool {
         let now = self.clock.now_ms();
         self.exhausted
-            .get(&(limit.name.clone(), Arc::from(key)))
+            .get(lookup(limit, key).dyn_ref())
             .is_some_and(|e| e.window >= window && now.saturating_sub(e.seen_ms) < self.trust_ms)
     }
 
@@ -79,22 +81,27 @@ impl DenyCache {
     pub fn mark(&self, limit: &Limit, key: &str, window: i64) {
         let seen_ms = self.clock.now_ms();
         self.exhausted.insert(
-            (limit.name.clone(), Arc::from(key)),
+            CacheKey::new(limit.name.clone(), key, limit.window_ms),
             Exhausted { window, seen_ms },
         );
     }
 
     /// Forgets `key` (after a reset).
     pub fn clear(&self, limit: &Limit, key: &str) {
-        self.exhausted
-            .invalidate(&(limit.name.clone(), Arc::from(key)));
+        self.exhausted.invalidate(lookup(limit, key).dyn_ref());
     }
+}
+
+/// The borrowed key of `(limit, key)`: a check allocates nothing to look its key up.
+fn lookup<'a>(limit: &'a Limit, key: &'a str) -> KeyRef<'a> {
+    KeyRef::new(&limit.name, key, limit.window_ms)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use std::sync::Arc;
 
     #[test]
     fn exhaustion_holds_for_its_window_only() {
@@ -122,5 +129,32 @@ mod tests {
         assert!(!c.is_exhausted(&l, "k", 5), "the store is asked again");
         c.mark(&l, "k", 5); // and still says exhausted
         assert!(c.is_exhausted(&l, "k", 5));
+    }
+
+    #[test]
+    fn a_check_allocates_nothing_to_look_its_key_up() {
+        let c = DenyCache::new(Arc::new(ManualClock::new(0)), DEFAULT_TRUST);
+        let l = Limit::new("mcp", 1, Duration::from_secs(60));
+        c.mark(&l, "k", 5);
+        c.exhausted.run_pending_tasks();
+        let (n, hit) = crate::alloc_count::allocations(|| c.is_exhausted(&l, "k", 5));
+        assert!(hit);
+        assert_eq!(n, 0, "an exhausted key");
+        // moka's map has 64 segments, each allocated on its first use; a few thousand
+        // keys touch them all, and after that a miss allocates nothing either.
+        for i in 0..4_096 {
+            assert!(!c.is_exhausted(&l, &format!("warm-{i}"), 5));
+        }
+        let (n, miss) = crate::alloc_count::allocations(|| c.is_exhausted(&l, "another", 5));
+        assert!(!miss);
+        assert_eq!(n, 0, "a key not exhausted");
+    }
+
+    #[test]
+    fn a_limit_reloaded_with_another_window_length_is_not_held_exhausted() {
+        let c = DenyCache::new(Arc::new(ManualClock::new(0)), DEFAULT_TRUST);
+        c.mark(&Limit::new("mcp", 1, Duration::from_secs(60)), "k", 5);
+        // Window 5 of a 60 s limit is not window 5 of a 1 s one.
+        assert!(!c.is_exhausted(&Limit::new("mcp", 1, Duration::from_secs(1)), "k", 5));
     }
 }

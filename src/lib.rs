@@ -60,6 +60,8 @@
 //! - [`breaker`]: the circuit breaker state machine (the service's and the client's).
 //! - [`store`]: the [`store::CounterStore`] trait, its types and [`store::MemoryStore`].
 //! - [`memory_budget`]: the byte budget every cache and window map is bounded by.
+//!   Every per-key cache is keyed by the crate-internal `cache_key` (`(limit, key,
+//!   window length)`, looked up by borrowed parts, so a check allocates no key).
 //! - [`metrics`]: every Prometheus metric name (recorded by service and client alike).
 //! - [`pb`]: generated protobuf code and the gRPC client stub; [`codec`]: the gRPC codec
 //!   they use (prost messages decoded from and encoded into slices).
@@ -82,7 +84,10 @@
 //!
 //! The binary (`src/main.rs`) only parses flags and wires these together.
 
+#[cfg(test)]
+mod alloc_count;
 pub mod breaker;
+pub(crate) mod cache_key;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod clock;

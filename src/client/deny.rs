@@ -19,6 +19,7 @@
 //! policy (`deny` while the store is down) says nothing about the key's usage, and the
 //! client's own fallback refusals are already answered without the service.
 
+use crate::cache_key::{CacheKey, KeyRef};
 use crate::decision::{Decision, Source};
 use crate::memory_budget;
 use crate::window;
@@ -44,19 +45,14 @@ struct Entry {
 
 struct UntilRetry;
 
-impl Expiry<(Arc<str>, Arc<str>), Entry> for UntilRetry {
-    fn expire_after_create(
-        &self,
-        _: &(Arc<str>, Arc<str>),
-        entry: &Entry,
-        _: Instant,
-    ) -> Option<Duration> {
+impl Expiry<CacheKey, Entry> for UntilRetry {
+    fn expire_after_create(&self, _: &CacheKey, entry: &Entry, _: Instant) -> Option<Duration> {
         Some(entry.ttl)
     }
 
     fn expire_after_update(
         &self,
-        _: &(Arc<str>, Arc<str>),
+        _: &CacheKey,
         entry: &Entry,
         _: Instant,
         _: Option<Duration>,
@@ -65,9 +61,14 @@ impl Expiry<(Arc<str>, Arc<str>), Entry> for UntilRetry {
     }
 }
 
+/// The window length part of this cache's keys: none, as entries are keyed by the limit
+/// name the caller used (the service's limit may be unknown here) and hold no window
+/// number to compare, only clock times.
+const BY_NAME: u64 = 0;
+
 /// `(limit, key)` → the service's last refusal, while it holds.
 pub(crate) struct DenyUntil {
-    entries: Cache<(Arc<str>, Arc<str>), Entry>,
+    entries: Cache<CacheKey, Entry>,
     trust_ms: u64,
 }
 
@@ -85,13 +86,11 @@ impl DenyUntil {
     /// An empty cache of at most `bytes` (keys included); an evicted entry only costs
     /// one RPC later.
     pub(crate) fn with_budget(trust: Duration, bytes: u64) -> Self {
-        const FIXED: usize = 2 * size_of::<Arc<str>>() + 2 * 16 + size_of::<Entry>();
+        const FIXED: usize = size_of::<CacheKey>() + 2 * 16 + size_of::<Entry>();
         Self {
-            entries: memory_budget::bounded(
-                bytes,
-                "client_deny",
-                |k: &(Arc<str>, Arc<str>), _: &Entry| FIXED + k.0.len() + k.1.len(),
-            )
+            entries: memory_budget::bounded(bytes, "client_deny", |k: &CacheKey, _: &Entry| {
+                FIXED + k.heap_len()
+            })
             .expire_after(UntilRetry)
             .build(),
             trust_ms: u64::try_from(trust.as_millis()).unwrap_or(u64::MAX),
@@ -113,7 +112,7 @@ impl DenyUntil {
         }
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         self.entries.insert(
-            (Arc::from(limit), Arc::from(key)),
+            CacheKey::new(Arc::from(limit), key, BY_NAME),
             Entry {
                 until_ms: now_ms.saturating_add(wait_ms),
                 trusted_until_ms: now_ms.saturating_add(wait_ms.min(self.trust_ms)),
@@ -129,12 +128,15 @@ impl DenyUntil {
 
     /// Forgets the refusal of `(limit, key)` (after a Reset through this client).
     pub(crate) fn clear(&self, limit: &str, key: &str) {
-        self.entries.invalidate(&(Arc::from(limit), Arc::from(key)));
+        self.entries
+            .invalidate(KeyRef::new(limit, key, BY_NAME).dyn_ref());
     }
 
     /// A refusal for `cost` hits of `(limit, key)` at `now_ms`, if one is known to hold.
     pub(crate) fn check(&self, limit: &str, key: &str, cost: u32, now_ms: u64) -> Option<Decision> {
-        let entry = self.entries.get(&(Arc::from(limit), Arc::from(key)))?;
+        let entry = self
+            .entries
+            .get(KeyRef::new(limit, key, BY_NAME).dyn_ref())?;
         if now_ms >= entry.trusted_until_ms || cost <= entry.remaining {
             return None;
         }
@@ -231,5 +233,23 @@ mod tests {
         for k in ["a", "b", "c"] {
             assert!(c.check("t", k, 1, 0).is_none(), "{k}");
         }
+    }
+
+    #[test]
+    fn a_check_allocates_nothing_to_look_its_key_up() {
+        let c = DenyUntil::new(Duration::from_secs(3_600));
+        c.record("t", "k", &refusal(0, Source::Store), 0);
+        c.entries.run_pending_tasks();
+        let (n, hit) = crate::alloc_count::allocations(|| c.check("t", "k", 1, 0));
+        assert!(hit.is_some());
+        assert_eq!(n, 0, "a refusal answered here");
+        // moka's map has 64 segments, each allocated on its first use; a few thousand
+        // keys touch them all, and after that a miss allocates nothing either.
+        for i in 0..4_096 {
+            assert!(c.check("t", &format!("warm-{i}"), 1, 0).is_none());
+        }
+        let (n, miss) = crate::alloc_count::allocations(|| c.check("t", "another", 1, 0));
+        assert!(miss.is_none());
+        assert_eq!(n, 0, "a key not refused");
     }
 }

@@ -32,11 +32,11 @@
 //!   atomically without a lock.
 
 mod cell;
-mod slot;
 
 use super::counter::{
     Admission, CounterStore, Outcome, StoreError, WindowCount, admit_cost, apply_batch,
 };
+use crate::cache_key::{CacheKey, KeyRef};
 use crate::clock::SharedClock;
 use crate::limits::Limit;
 use crate::memory_budget::{self, MemoryBudget};
@@ -45,7 +45,6 @@ use async_trait::async_trait;
 use cell::Cell;
 use moka::Expiry;
 use moka::sync::Cache;
-use slot::{Lookup, SlotKey, SlotRef};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -104,14 +103,14 @@ impl Slot {
 
 struct Lifetime;
 
-impl Expiry<SlotKey, Arc<Slot>> for Lifetime {
-    fn expire_after_create(&self, _: &SlotKey, slot: &Arc<Slot>, _: Instant) -> Option<Duration> {
+impl Expiry<CacheKey, Arc<Slot>> for Lifetime {
+    fn expire_after_create(&self, _: &CacheKey, slot: &Arc<Slot>, _: Instant) -> Option<Duration> {
         Some(slot.first_life())
     }
 
     fn expire_after_read(
         &self,
-        _: &SlotKey,
+        _: &CacheKey,
         slot: &Arc<Slot>,
         _: Instant,
         left: Option<Duration>,
@@ -124,7 +123,7 @@ impl Expiry<SlotKey, Arc<Slot>> for Lifetime {
 /// Fixed-window counters in process memory.
 #[derive(Clone)]
 pub struct MemoryStore {
-    slots: Cache<SlotKey, Arc<Slot>>,
+    slots: Cache<CacheKey, Arc<Slot>>,
     clock: SharedClock,
     /// Slots created so far (by every clone): the sequence [`expiry_spread`] spreads by.
     created: Arc<AtomicU64>,
@@ -148,11 +147,11 @@ impl MemoryStore {
     /// An empty store of at most `bytes` (keys included); evictions are counted under
     /// `cache` (`memory_budget.rs` lists the names).
     pub fn with_budget(clock: SharedClock, bytes: u64, cache: &'static str) -> Self {
-        const FIXED: usize = size_of::<SlotKey>() + size_of::<Slot>() + 2 * size_of::<usize>();
+        const FIXED: usize = size_of::<CacheKey>() + size_of::<Slot>() + 2 * size_of::<usize>();
         // The limit name is usually shared (one `Arc` per limit) but counted anyway: a
         // client's stand-in for an unknown limit holds its own.
-        let slots = memory_budget::bounded(bytes, cache, |k: &SlotKey, _: &Arc<Slot>| {
-            FIXED + k.key.len() + k.limit.len()
+        let slots = memory_budget::bounded(bytes, cache, |k: &CacheKey, _: &Arc<Slot>| {
+            FIXED + k.heap_len()
         })
         .expire_after(Lifetime)
         .build();
@@ -163,25 +162,13 @@ impl MemoryStore {
         }
     }
 
-    fn slot_key(limit: &Limit, key: &str) -> SlotKey {
-        SlotKey {
-            limit: limit.name.clone(),
-            key: key.into(),
-            window_ms: limit.window_ms,
-        }
-    }
-
-    fn lookup<'a>(limit: &'a Limit, key: &'a str) -> Lookup<'a> {
-        Lookup {
-            limit: &limit.name,
-            key,
-            window_ms: limit.window_ms,
-        }
+    fn lookup<'a>(limit: &'a Limit, key: &'a str) -> KeyRef<'a> {
+        KeyRef::new(&limit.name, key, limit.window_ms)
     }
 
     /// The slot of `(limit, key)`, if it exists (no key is allocated).
     fn find(&self, limit: &Limit, key: &str) -> Option<Arc<Slot>> {
-        self.slots.get(&Self::lookup(limit, key) as &dyn SlotRef)
+        self.slots.get(Self::lookup(limit, key).dyn_ref())
     }
 
     fn slot(&self, limit: &Limit, key: &str, window: i64) -> Arc<Slot> {
@@ -190,14 +177,17 @@ impl MemoryStore {
         }
         // A new slot: `get_with` settles a race with a concurrent first hit (one wins,
         // both count on it).
-        self.slots.get_with(Self::slot_key(limit, key), || {
-            let created = self.created.fetch_add(1, Ordering::Relaxed);
-            Arc::new(Slot {
-                cell: Cell::new(window),
-                window: Duration::from_millis(limit.window_ms),
-                spread: expiry_spread(created, limit.window_ms),
-            })
-        })
+        self.slots.get_with(
+            CacheKey::new(limit.name.clone(), key, limit.window_ms),
+            || {
+                let created = self.created.fetch_add(1, Ordering::Relaxed);
+                Arc::new(Slot {
+                    cell: Cell::new(window),
+                    window: Duration::from_millis(limit.window_ms),
+                    spread: expiry_spread(created, limit.window_ms),
+                })
+            },
+        )
     }
 
     /// One cost applied to `(limit, key)` in `window` (or the newer window its counter is
@@ -256,8 +246,7 @@ impl MemoryStore {
     /// Forgets `(limit, key)`: its counter starts again from 0 (the window is ignored:
     /// one counter holds every window of a key).
     pub fn reset_now(&self, limit: &Limit, key: &str, _window: i64) {
-        self.slots
-            .invalidate(&Self::lookup(limit, key) as &dyn SlotRef);
+        self.slots.invalidate(Self::lookup(limit, key).dyn_ref());
     }
 
     /// Entries held, after pending expiry work is done. For tests and metrics.

@@ -151,7 +151,7 @@ fn a_new_entry_lives_a_whole_window_plus_grace_wherever_in_its_window_it_is_made
     s.admit_now(&l, "k", 1, &[1]);
     let slot = s
         .slots
-        .get(&MemoryStore::slot_key(&l, "k"))
+        .get(MemoryStore::lookup(&l, "k").dyn_ref())
         .map(|s| s.first_life());
     // The first slot created gets no spread.
     assert_eq!(slot, Some(Duration::from_secs(60) + GRACE));
@@ -184,7 +184,7 @@ fn expiry_is_spread_evenly_over_half_a_window_at_most_the_cap() {
     c.admit_now(&l, "b", 1, &[1]);
     let ttl = |k: &str| {
         s.slots
-            .get(&MemoryStore::slot_key(&l, k))
+            .get(MemoryStore::lookup(&l, k).dyn_ref())
             .map(|s| s.first_life())
     };
     assert_ne!(ttl("a"), ttl("b"));
@@ -266,7 +266,7 @@ fn a_read_keeps_the_slot_past_any_window_it_can_count_in_and_reschedules_rarely(
     let l = Limit::new("t", 5, Duration::from_secs(60));
     let s = store();
     s.admit_now(&l, "k", 1, &[1]);
-    let Some(slot) = s.slots.get(&MemoryStore::slot_key(&l, "k")) else {
+    let Some(slot) = s.slots.get(MemoryStore::lookup(&l, "k").dyn_ref()) else {
         panic!("the slot was just created");
     };
     let minute = Duration::from_secs(60);
@@ -294,4 +294,21 @@ fn a_read_keeps_the_slot_past_any_window_it_can_count_in_and_reschedules_rarely(
             "{left:?} -> {life:?}"
         );
     }
+}
+
+#[test]
+fn a_check_of_a_known_key_allocates_nothing() {
+    let s = store();
+    let l = Limit::new("t", 100, Duration::from_secs(60));
+    s.admit_one_now(&l, "k", 1, 1);
+    s.entries();
+    let (n, (_, admitted)) = crate::alloc_count::allocations(|| s.admit_one_now(&l, "k", 1, 1));
+    assert!(admitted.allowed);
+    assert_eq!(n, 0, "admit_one_now");
+    let (n, _) = crate::alloc_count::allocations(|| s.admit_now(&l, "k", 1, &[1]));
+    assert!(n <= 1, "admit_now: at most its batch's outcomes, {n}");
+    let (n, seen) = crate::alloc_count::allocations(|| s.peek_now(&l, "k", 1));
+    assert_eq!((n, seen.count), (0, 3), "peek_now");
+    let (n, released) = crate::alloc_count::allocations(|| s.release_now(&l, "k", 1, 1));
+    assert_eq!((n, released), (0, true), "release_now");
 }
