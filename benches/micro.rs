@@ -8,7 +8,6 @@
 //! how to read them: BENCHMARKS.md.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use ratelimit::clock::{ManualClock, SharedClock};
 use ratelimit::limiter::{Limiter, LimiterOptions};
 use ratelimit::limits::{Limit, Limits};
 use ratelimit::store::rtdb::keys;
@@ -57,8 +56,7 @@ fn window_math(c: &mut Criterion) {
 }
 
 fn memory_admit(c: &mut Criterion) {
-    let clock: SharedClock = Arc::new(ManualClock::new(NOW_MS));
-    let store = MemoryStore::new(clock);
+    let store = MemoryStore::new();
     let limit = Limit::new("bench", HIGH, Duration::from_secs(60));
     let w = window::number(NOW_MS, limit.window_ms);
     let many: Vec<String> = (0..10_000).map(|i| format!("token-{i}")).collect();
@@ -102,7 +100,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn check_group(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str) {
     // The system clock, as the service runs: windows are real, the limit is never reached.
     let clock = ratelimit::clock::system();
-    let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new(clock.clone()));
+    let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new());
     let limits = Limits::new(
         "micro",
         vec![Limit::new("bench", HIGH, Duration::from_secs(60))],

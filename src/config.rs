@@ -331,7 +331,7 @@ pub async fn build_store(
     }
     let Some(url) = args.database_url.as_deref() else {
         let bytes = budget.service(false).store;
-        return Ok(Arc::new(MemoryStore::with_budget(clock, bytes, "store")));
+        return Ok(Arc::new(MemoryStore::with_budget(bytes, "store")));
     };
     let emulator = std::env::var(EMULATOR_HOST_ENV).ok();
     let target = Target::new(url, emulator.as_deref(), &args.rtdb_root).map_err(RtdbError::from)?;

@@ -63,7 +63,7 @@ impl LocalWindow {
     /// Empty windows of at most `bytes`, evictions counted under `cache`.
     pub fn with_budget(clock: SharedClock, bytes: u64, cache: &'static str) -> Self {
         Self {
-            store: MemoryStore::with_budget(clock.clone(), bytes, cache),
+            store: MemoryStore::with_budget(bytes, cache),
             clock,
         }
     }
@@ -112,8 +112,7 @@ impl LocalWindow {
 
     /// Forgets `key`'s counter under `limit`: it starts again from 0.
     pub fn reset(&self, limit: &Limit, key: &str) {
-        let window = window::number(self.clock.now_ms(), limit.window_ms);
-        self.store.reset_now(limit, key, window);
+        self.store.reset_now(limit, key);
     }
 }
 

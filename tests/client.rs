@@ -92,7 +92,7 @@ const T3: &str = "[[limit]]\nname = \"t\"\nrequests = 3\nwindow = \"60s\"\ndefau
 
 fn start_on(limits: Limits, clock: &ManualClock, addr: SocketAddr) -> Service {
     let store = Arc::new(Counting {
-        inner: MemoryStore::new(Arc::new(clock.clone())),
+        inner: MemoryStore::new(),
         admits: AtomicUsize::new(0),
     });
     let limiter = Arc::new(Limiter::new(

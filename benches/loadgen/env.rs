@@ -166,7 +166,7 @@ impl Env {
                     spec.store_timeout,
                     &clock,
                 )?,
-                None => Arc::new(MemoryStore::new(clock.clone())),
+                None => Arc::new(MemoryStore::new()),
                 Some(emu) => {
                     let target = Target::new(DB_URL, Some(&emu.host()), "rateLimits")
                         .map_err(|e| format!("target: {e}"))?;

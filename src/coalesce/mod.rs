@@ -203,9 +203,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_runner_that_panics_never_strands_its_key() {
-        let clock = Arc::new(crate::clock::ManualClock::new(1_000_000));
         let store = Arc::new(PanicsOnce {
-            inner: MemoryStore::new(clock),
+            inner: MemoryStore::new(),
             panicked: AtomicBool::new(false),
         });
         let c = Coalescer::new(store, Duration::from_secs(1), LeaseOptions::default());

@@ -37,10 +37,8 @@ use super::counter::{
     Admission, CounterStore, Outcome, StoreError, WindowCount, admit_cost, apply_batch,
 };
 use crate::cache_key::{CacheKey, KeyRef};
-use crate::clock::SharedClock;
 use crate::limits::Limit;
 use crate::memory_budget::{self, MemoryBudget};
-use crate::window;
 use async_trait::async_trait;
 use cell::Cell;
 use moka::Expiry;
@@ -124,9 +122,14 @@ impl Expiry<CacheKey, Arc<Slot>> for Lifetime {
 #[derive(Clone)]
 pub struct MemoryStore {
     slots: Cache<CacheKey, Arc<Slot>>,
-    clock: SharedClock,
     /// Slots created so far (by every clone): the sequence [`expiry_spread`] spreads by.
     created: Arc<AtomicU64>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -138,15 +141,16 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store whose expiry follows `clock`'s windows, bounded by the default
-    /// budget's `store` share.
-    pub fn new(clock: SharedClock) -> Self {
-        Self::with_budget(clock, MemoryBudget::default().service(false).store, "store")
+    /// An empty store, bounded by the default budget's `store` share. It reads no clock:
+    /// callers pass the window each call counts in (numbered by their clock), and moka's
+    /// own clock only frees memory.
+    pub fn new() -> Self {
+        Self::with_budget(MemoryBudget::default().service(false).store, "store")
     }
 
     /// An empty store of at most `bytes` (keys included); evictions are counted under
     /// `cache` (`memory_budget.rs` lists the names).
-    pub fn with_budget(clock: SharedClock, bytes: u64, cache: &'static str) -> Self {
+    pub fn with_budget(bytes: u64, cache: &'static str) -> Self {
         const FIXED: usize = size_of::<CacheKey>() + size_of::<Slot>() + 2 * size_of::<usize>();
         // The limit name is usually shared (one `Arc` per limit) but counted anyway: a
         // client's stand-in for an unknown limit holds its own.
@@ -157,7 +161,6 @@ impl MemoryStore {
         .build();
         Self {
             slots,
-            clock,
             created: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -243,9 +246,9 @@ impl MemoryStore {
             .map_or(WindowCount { window, count: 0 }, |s| s.cell.peek(window))
     }
 
-    /// Forgets `(limit, key)`: its counter starts again from 0 (the window is ignored:
-    /// one counter holds every window of a key).
-    pub fn reset_now(&self, limit: &Limit, key: &str, _window: i64) {
+    /// Forgets `(limit, key)`: its counter starts again from 0, whatever window it is in
+    /// (one counter holds every window of a key).
+    pub fn reset_now(&self, limit: &Limit, key: &str) {
         self.slots.invalidate(Self::lookup(limit, key).dyn_ref());
     }
 
@@ -291,8 +294,7 @@ impl CounterStore for MemoryStore {
     }
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
-        let window = window::number(self.clock.now_ms(), limit.window_ms);
-        self.reset_now(limit, key, window);
+        self.reset_now(limit, key);
         Ok(())
     }
 

@@ -19,7 +19,7 @@
 //! use ratelimit::store::MemoryStore;
 //! use std::{sync::Arc, time::Duration};
 //!
-//! let store = MemoryStore::new(Arc::new(ManualClock::new(0)));
+//! let store = MemoryStore::new();
 //! let limit = Limit::new("mcp", 3, Duration::from_secs(60));
 //! // One batch of three checks costing 2, 1 and 1: the last does not fit.
 //! let admission = store.admit_now(&limit, "k", 0, &[2, 1, 1]);

@@ -29,7 +29,7 @@ pub fn limits(toml: &str) -> Limits {
 
 pub async fn start(limits: Limits, admin: Option<&str>) -> Harness {
     let clock = ManualClock::new(T0);
-    let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+    let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new());
     start_with(limits, store, clock, admin, LimiterOptions::default()).await
 }
 

@@ -2,10 +2,9 @@
 //! the byte budget and the expiry that bounds it in time.
 
 use super::*;
-use crate::clock::ManualClock;
 
 fn store() -> MemoryStore {
-    MemoryStore::new(Arc::new(ManualClock::new(1_000_000)))
+    MemoryStore::new()
 }
 
 #[test]
@@ -41,7 +40,7 @@ fn reset_clears_the_window() {
     let s = store();
     let l = Limit::new("t", 1, Duration::from_secs(60));
     assert!(s.admit_now(&l, "k", 1, &[1]).outcomes[0].allowed);
-    s.reset_now(&l, "k", 1);
+    s.reset_now(&l, "k");
     assert_eq!(s.peek_now(&l, "k", 1).count, 0);
     assert!(s.admit_now(&l, "k", 1, &[1]).outcomes[0].allowed);
 }
@@ -129,7 +128,7 @@ fn one_cost_at_once_counts_on_the_batch_counter_by_the_same_rule() {
 
 #[test]
 fn the_byte_budget_bounds_the_entries_keys_included() {
-    let s = MemoryStore::with_budget(Arc::new(ManualClock::new(0)), 1 << 20, "test");
+    let s = MemoryStore::with_budget(1 << 20, "test");
     let l = Limit::new("t", 5, Duration::from_secs(60));
     for i in 0..20_000 {
         s.admit_now(&l, &format!("{i:0>500}"), 1, &[1]);
@@ -146,7 +145,7 @@ fn a_new_entry_lives_a_whole_window_plus_grace_wherever_in_its_window_it_is_made
     // the deadline each entry is created with rather than sleeping past it. Made 1 ms
     // before its window ends, it must still outlive the next window: a check that waited
     // on its creation may count there, and that check does not extend it.
-    let s = MemoryStore::new(Arc::new(ManualClock::new(119_999)));
+    let s = MemoryStore::new();
     let l = Limit::new("t", 5, Duration::from_secs(60));
     s.admit_now(&l, "k", 1, &[1]);
     let slot = s
@@ -256,7 +255,7 @@ fn reset_forgets_the_key_whatever_window_it_is_in() {
     let s = store();
     let l = Limit::new("t", 1, Duration::from_secs(60));
     s.admit_now(&l, "k", 2, &[1]);
-    s.reset_now(&l, "k", 1);
+    s.reset_now(&l, "k");
     assert_eq!(s.peek_now(&l, "k", 2).count, 0);
     assert!(s.admit_now(&l, "k", 2, &[1]).outcomes[0].allowed);
 }
