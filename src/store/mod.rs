@@ -14,11 +14,11 @@
 //! a switch in `config.rs`.
 //!
 //! ```
-//! use ratelimit::clock::ManualClock;
 //! use ratelimit::limits::Limit;
 //! use ratelimit::store::MemoryStore;
-//! use std::{sync::Arc, time::Duration};
+//! use std::time::Duration;
 //!
+//! // The caller numbers windows (here window 0); the store only counts in them.
 //! let store = MemoryStore::new();
 //! let limit = Limit::new("mcp", 3, Duration::from_secs(60));
 //! // One batch of three checks costing 2, 1 and 1: the last does not fit.
