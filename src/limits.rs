@@ -290,16 +290,19 @@ impl Limits {
 
     /// The limit called `name`; the default limit when `name` is empty.
     pub fn get(&self, name: &str) -> Result<&Arc<Limit>, UnknownLimit> {
+        self.find(name).ok_or_else(|| UnknownLimit {
+            name: name.to_owned(),
+            known: self.names().join(", "),
+        })
+    }
+
+    /// [`Limits::get`] without the error: a caller that has somewhere else to look (the
+    /// client's learned and fallback sets) builds no error message per check.
+    pub fn find(&self, name: &str) -> Option<&Arc<Limit>> {
         if name.is_empty() {
-            return Ok(self.default_limit());
+            return Some(self.default_limit());
         }
-        self.limits
-            .iter()
-            .find(|l| &*l.name == name)
-            .ok_or_else(|| UnknownLimit {
-                name: name.to_owned(),
-                known: self.names().join(", "),
-            })
+        self.limits.iter().find(|l| &*l.name == name)
     }
 
     /// The limit used when a request names none.

@@ -77,10 +77,10 @@ impl KnownLimits {
     /// the only one that can decide.
     pub(crate) fn get(&self, name: &str) -> Option<Arc<Limit>> {
         let learned = self.learned.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(found) = learned.as_ref().and_then(|l| l.limits.get(name).ok()) {
+        if let Some(found) = learned.as_ref().and_then(|l| l.limits.find(name)) {
             return Some(found.clone());
         }
-        self.fallback.get(name).ok().cloned()
+        self.fallback.find(name).cloned()
     }
 
     /// The set in use: the service's once learned, else the fallback.
@@ -255,6 +255,14 @@ mod tests {
         assert_eq!(signin.window_ms, 900_000);
         assert_eq!(signin.on_store_failure, FailurePolicy::Deny);
         assert_eq!(known.get("mcp").map(|l| l.requests), Some(120));
+    }
+
+    #[test]
+    fn looking_up_a_limit_neither_set_knows_allocates_nothing() {
+        let known = KnownLimits::new(Limits::builtin());
+        let (n, found) = crate::alloc_count::allocations(|| known.get("uploads"));
+        assert!(found.is_none());
+        assert_eq!(n, 0, "no error message is built per check");
     }
 
     #[test]
