@@ -166,3 +166,47 @@ async fn a_redis_answering_with_errors_falls_back_and_opens_the_breaker() {
     let _: () = redis.cmd(&["CONFIG", "SET", "maxmemory", "0"]).await;
     shared_again_within(&h, Duration::from_secs(5)).await;
 }
+
+/// Redis restarted while the store's connection sat idle: the old connection is dead, and
+/// a write sent on it fails in a way redis-rs cannot tell from a lost answer (an unknown
+/// outcome, decided locally). A store that probes a silent connection first sends the
+/// write on a new one instead, so the first check after the restart is counted in Redis.
+#[tokio::test]
+async fn a_connection_closed_while_idle_is_replaced_before_a_write_goes_out_on_it() {
+    use ratelimit::limits::Limit;
+    use ratelimit::store::{CounterStore, StoreError};
+    let mut redis = RedisServer::start(&[]).await;
+    let clock = ManualClock::new(T0);
+    let with_probe = |probe_after| RedisOptions {
+        probe_after,
+        ..RedisOptions::default()
+    };
+    let probing = redis.store_with(&clock, None, with_probe(Duration::from_millis(50)));
+    let never = redis.store_with(&clock, None, with_probe(Duration::from_secs(3_600)));
+    let limit = Limit::new("t", 3, Duration::from_secs(60));
+    let w = (T0 / 60_000) as i64;
+    for store in [&probing, &never] {
+        let a = store.admit(&limit, "k", w, &[1]).await.expect("healthy");
+        assert!(a.outcomes[0].allowed);
+    }
+    redis.restart().await;
+    // Real time, not a window: the connection's silence the probe is for.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let a = probing
+        .admit(&limit, "k", w, &[1])
+        .await
+        .expect("sent on a new connection, so answered");
+    assert_eq!(
+        (a.outcomes[0].allowed, a.outcomes[0].count),
+        (true, 1),
+        "counted on the restarted (empty) server"
+    );
+    let stored: String = redis.cmd(&["GET", "rl:{t:k}"]).await;
+    assert_eq!(stored, format!("{w}:1"));
+    // Without the probe the same write goes out on the dead connection.
+    match never.admit(&limit, "other", w, &[1]).await {
+        Err(StoreError::UnknownOutcome(_)) => {}
+        other => panic!("expected an unknown outcome without the probe, got {other:?}"),
+    }
+}

@@ -1,6 +1,7 @@
 //! `RedisStore`: counters in Redis (or Valkey, Memorystore), one server-side script per batch.
 //!
-//! The ADR's "one-file change" (DESIGN §11). What it owns, and why:
+//! The ADR's "one-file change" (DESIGN §11): this module, with its connection in
+//! `redis/link.rs`. What it owns, and why:
 //!
 //! - **One round trip per batch.** [`ADMIT`] is a Lua script run by `EVALSHA`: it reads the
 //!   counter, admits the batch's costs in order against the limit, writes the new value
@@ -23,9 +24,10 @@
 //! - **Unknown outcomes.** A write whose connection broke or timed out after it was sent
 //!   may have run: it is [`StoreError::UnknownOutcome`] and is never re-sent. Only a
 //!   failure to connect, where nothing was sent, is [`StoreError::Connect`].
-//! - **One multiplexed connection**, opened lazily (the service starts and fails open while
-//!   Redis is down) and replaced after an error or an abandoned call; concurrent calls
-//!   share it and a reconnect.
+//! - **One multiplexed connection** (`redis/link.rs`), opened lazily (the service starts
+//!   and fails open while Redis is down), replaced after an error or an abandoned call,
+//!   and probed with `PING` after a silence, so a write never goes out on a connection
+//!   Redis closed while it was idle; concurrent calls share it and a reconnect.
 //!
 //! Batching, single flight, the breaker, the budget and the deny-until cache stay in the
 //! limiter, as for RTDB.
@@ -36,12 +38,14 @@ use crate::store::counter::{
     Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count,
 };
 use async_trait::async_trait;
+use link::{Abandoned, Link};
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, Script};
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+mod link;
 
 /// How long a counter outlives its window: a check computed just before the boundary may
 /// arrive a little after it, and instance clocks differ slightly.
@@ -134,6 +138,10 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// A backstop per command; the limiter's budget is usually shorter.
     pub response_timeout: Duration,
+    /// A connection that has not answered for this long is sent a `PING` before the
+    /// next command, and replaced if it is dead (`redis/link.rs`: a write sent on a
+    /// connection closed while idle would be an unknown outcome).
+    pub probe_after: Duration,
 }
 
 impl Default for RedisOptions {
@@ -143,6 +151,7 @@ impl Default for RedisOptions {
             ca_file: None,
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(5),
+            probe_after: Duration::from_secs(1),
         }
     }
 }
@@ -160,65 +169,6 @@ pub enum RedisSetupError {
     /// The CA file could not be read.
     #[error("--redis-ca-file {path}: {error}")]
     CaFile { path: String, error: String },
-}
-
-/// The connection, opened on first use and replaced after an error. The generation tells
-/// a failed connection from the one that has replaced it meanwhile.
-struct Link {
-    client: redis::Client,
-    config: AsyncConnectionConfig,
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
-    connecting: tokio::sync::Mutex<u64>,
-}
-
-impl Link {
-    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    async fn get(&self) -> Result<(u64, MultiplexedConnection), StoreError> {
-        if let Some(c) = self.cached() {
-            return Ok(c);
-        }
-        // One connect at a time; whoever waited behind it uses its result.
-        let mut generation = self.connecting.lock().await;
-        if let Some(c) = self.cached() {
-            return Ok(c);
-        }
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await
-            .map_err(|e| connect_error(&e))?;
-        *generation += 1;
-        let c = (*generation, conn);
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
-        Ok(c)
-    }
-
-    fn discard(&self, generation: u64) {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if current.as_ref().is_some_and(|(g, _)| *g == generation) {
-            *current = None;
-        }
-    }
-}
-
-/// Discards the connection of a call dropped before it finished.
-struct Abandoned<'a> {
-    link: &'a Link,
-    generation: Option<u64>,
-}
-
-impl Drop for Abandoned<'_> {
-    fn drop(&mut self) {
-        if let Some(g) = self.generation {
-            self.link.discard(g);
-        }
-    }
 }
 
 /// Counters in Redis.
@@ -270,12 +220,7 @@ impl RedisStore {
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.response_timeout));
         Ok(Self {
-            link: Link {
-                client,
-                config,
-                current: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(0),
-            },
+            link: Link::new(client, config, options.probe_after),
             admit: Script::new(ADMIT),
             release: Script::new(RELEASE),
             prefix: options.prefix,
@@ -314,9 +259,13 @@ impl RedisStore {
         abandoned.generation = None;
         // Answers only (200 or an error reply); a broken call has no duration worth keeping.
         match &result {
-            Ok(_) => crate::metrics::store_request(op, 200, started.elapsed()),
+            Ok(_) => {
+                self.link.answered();
+                crate::metrics::store_request(op, 200, started.elapsed());
+            }
             Err(e) if matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
-                crate::metrics::store_request(op, 500, started.elapsed())
+                self.link.answered();
+                crate::metrics::store_request(op, 500, started.elapsed());
             }
             Err(_) => {}
         }
