@@ -10,12 +10,17 @@
 //! own slice paths, fewer instructions per call (BENCHMARKS.md §13). Anything else (a
 //! message split across chunks, an answer larger than the buffer) takes `ProstCodec`'s
 //! path unchanged.
+//!
+//! One thing it does differently: a message that does not decode is blamed on whoever
+//! sent it ([`Decoded`]). `ProstCodec` answers `INTERNAL` either way, so a caller whose
+//! key is not UTF-8 was told the server had failed, and clients retry an `INTERNAL`.
 
+use crate::pb;
 use prost::Message;
 use prost::bytes::{Buf, BufMut};
 use std::marker::PhantomData;
-use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::{Code, Status};
 
 /// Answers up to this size are encoded on the stack; larger ones straight into tonic's
 /// buffer. Every `RateLimiter` answer with a limit name of up to 64 bytes fits.
@@ -31,10 +36,34 @@ impl<T, U> Default for SliceCodec<T, U> {
     }
 }
 
+/// A message this codec receives, and the status when its bytes do not decode: the
+/// sender's fault. A request the server cannot decode (a key or limit that is not UTF-8,
+/// a field of the wrong wire type, a truncated message) is the caller's bad input,
+/// `INVALID_ARGUMENT` as for any other rule a field breaks; an answer the client cannot
+/// decode is the server's fault, `INTERNAL`.
+pub trait Decoded: Message + Default {
+    /// The code of the status a message that does not decode gets.
+    const UNDECODABLE: Code;
+}
+
+macro_rules! decoded {
+    ($code:ident: $($message:ty),+) => {
+        $(impl Decoded for $message {
+            const UNDECODABLE: Code = Code::$code;
+        })+
+    };
+}
+
+decoded!(InvalidArgument: pb::CheckRequest, pb::PeekRequest, pb::ResetRequest, pb::ListLimitsRequest);
+decoded!(Internal: pb::CheckResponse, pb::ResetResponse, pb::ListLimitsResponse);
+// The benchmarks' Health/Check client (benches/loadgen/ceiling.rs) uses this codec too.
+#[cfg(feature = "server")]
+decoded!(Internal: tonic_health::pb::HealthCheckResponse);
+
 impl<T, U> Codec for SliceCodec<T, U>
 where
     T: Message + Send + 'static,
-    U: Message + Default + Send + 'static,
+    U: Decoded + Send + 'static,
 {
     type Encode = T;
     type Decode = U;
@@ -75,25 +104,26 @@ impl<T: Message> Encoder for SliceEncoder<T> {
 #[derive(Debug, Clone, Copy)]
 pub struct SliceDecoder<U>(PhantomData<U>);
 
-impl<U: Message + Default> Decoder for SliceDecoder<U> {
+impl<U: Decoded> Decoder for SliceDecoder<U> {
     type Item = U;
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        let undecodable = |e: prost::DecodeError| Status::new(U::UNDECODABLE, e.to_string());
         let len = buf.remaining();
         let chunk = buf.chunk();
         let item = if chunk.len() == len {
-            let item = U::decode(chunk).map_err(internal)?;
+            let item = U::decode(chunk).map_err(undecodable)?;
             buf.advance(len);
             item
         } else {
-            U::decode(buf).map_err(internal)?
+            U::decode(buf).map_err(undecodable)?
         };
         Ok(Some(item))
     }
 }
 
-/// The status `ProstCodec` gives a message that does not encode or decode.
+/// The status `ProstCodec` gives a message that does not encode: ours to fix.
 fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
 }

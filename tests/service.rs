@@ -200,6 +200,71 @@ async fn bad_input_gets_invalid_argument_naming_field_and_rule() {
     assert_eq!(p.remaining, 120);
 }
 
+/// A `CheckRequest` on the wire with its strings as raw bytes, so a test can send what no
+/// conforming client would: a key that is not UTF-8, a field of the wrong wire type.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawCheck {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    limit: Vec<u8>,
+    #[prost(uint32, tag = "3")]
+    cost: u32,
+}
+
+/// `key` as a varint: a field of the wrong wire type.
+#[derive(Clone, PartialEq, prost::Message)]
+struct WrongWireType {
+    #[prost(uint64, tag = "1")]
+    key: u64,
+}
+
+async fn raw_check<M: prost::Message + 'static>(h: &Harness, message: M) -> tonic::Status {
+    let channel = tonic::transport::Endpoint::from_shared(h.server.url())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/bladbase.ratelimit.v1.RateLimiter/Check",
+    );
+    let codec = ratelimit::codec::SliceCodec::<M, ratelimit::pb::CheckResponse>::default();
+    grpc.unary(tonic::Request::new(message), path, codec)
+        .await
+        .expect_err("must be refused")
+}
+
+#[tokio::test]
+async fn a_request_that_does_not_decode_is_the_callers_invalid_argument() {
+    let mut h = start(Limits::builtin(), None).await;
+    let raw = |key: &[u8], limit: &[u8]| RawCheck {
+        key: key.to_vec(),
+        limit: limit.to_vec(),
+        cost: 1,
+    };
+    for (message, field) in [
+        (raw(b"bad\xff", b""), "CheckRequest.key"),
+        (raw(b"\xed\xa0\x80", b""), "CheckRequest.key"),
+        (raw(b"bad", b"mc\xff"), "CheckRequest.limit"),
+    ] {
+        let s = raw_check(&h, message).await;
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+        assert!(
+            s.message().contains(field) && s.message().contains("UTF-8"),
+            "names the field and the rule: {}",
+            s.message()
+        );
+    }
+    let s = raw_check(&h, WrongWireType { key: 7 }).await;
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    assert!(s.message().contains("CheckRequest.key"), "{}", s.message());
+    // Nothing was counted, and the server still answers.
+    let r = h.check("", "bad").await;
+    assert_eq!((r.allowed, r.remaining), (true, 119));
+}
+
 #[tokio::test]
 async fn oversized_requests_are_refused() {
     let mut h = start(Limits::builtin(), None).await;
