@@ -176,14 +176,24 @@ pub struct Limits {
     default: usize,
 }
 
-/// The name asked for is not configured.
+/// The name asked for is not configured. The message quotes at most [`MAX_NAME_LEN`]
+/// characters of it: the name is the caller's, and a status message travels in an HTTP/2
+/// trailer that proxies bound.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-#[error("unknown limit {name:?}; known limits: {known}")]
+#[error("unknown limit {}; known limits: {known}", quoted(name))]
 pub struct UnknownLimit {
     /// The name that was asked for.
     pub name: String,
     /// The configured names, comma separated.
     pub known: String,
+}
+
+/// `name` quoted, cut after [`MAX_NAME_LEN`] characters (no configured name is longer).
+fn quoted(name: &str) -> String {
+    match name.char_indices().nth(MAX_NAME_LEN) {
+        None => format!("{name:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &name[..cut], name.len()),
+    }
 }
 
 impl Limits {

@@ -161,6 +161,24 @@ fn unknown_limit_lists_known_names() {
         e.to_string(),
         "unknown limit \"uploads\"; known limits: mcp"
     );
+    // A caller's name is quoted up to the longest a configured one can be.
+    let long = "é".repeat(60_000);
+    let e = l.get(&long).expect_err("unknown");
+    assert_eq!(e.name, long, "the error keeps the whole name");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "unknown limit {:?}… (120000 bytes); known limits: mcp",
+            "é".repeat(MAX_NAME_LEN)
+        )
+    );
+    let at_most = "x".repeat(MAX_NAME_LEN);
+    assert!(
+        l.get(&at_most)
+            .expect_err("unknown")
+            .to_string()
+            .contains(&format!("{at_most:?};"))
+    );
 }
 
 #[test]
