@@ -8,6 +8,9 @@
 //! the stack, and the ratio of the two rates is the share of it a decision leaves.
 //! Both legs' clients use the same codec (`ratelimit::codec`), so what differs between
 //! them is the server's work alone.
+//! With `--target` the server is a separate `ratelimit serve` (the release build as
+//! deployed, e.g. `scripts/release-build`'s) and only the clients run here (so "calls
+//! per CPU-second" counts the clients' CPU, and "other procs" is mostly the server).
 //! Ratios, not absolute rates, are what this compares: the VM's noise moves both. Each
 //! leg also reports calls per CPU-second of this process (client and server together),
 //! which other processes on a shared machine disturb far less than the wall-clock rate.
@@ -49,6 +52,11 @@ pub struct CeilingArgs {
     /// under callgrind, where the two legs of a round cannot be told apart.
     #[arg(long, value_enum)]
     only: Option<Rpc>,
+    /// Drive a running `ratelimit serve` at this URL (`http://host:port`, started with
+    /// `--limits benches/limits.toml` for the `bench` limit) instead of an in-process
+    /// instance: the release build as deployed, in its own process.
+    #[arg(long)]
+    target: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -94,7 +102,11 @@ fn own_cpu_secs() -> Option<f64> {
 
 /// Runs the scenario and prints its tables.
 pub async fn ceiling(a: CeilingArgs) -> Result<(), String> {
-    let env = Env::start(&EnvSpec::default()).await?;
+    let env = Env::start(&EnvSpec {
+        targets: a.target.iter().cloned().collect(),
+        ..EnvSpec::default()
+    })
+    .await?;
     println!("system: {}", env.description);
     let url = env.urls.first().cloned().ok_or("no instance started")?;
     let concurrency = a.concurrency.max(1);
@@ -143,7 +155,9 @@ pub async fn ceiling(a: CeilingArgs) -> Result<(), String> {
     print!("{}", legs_table(&legs, concurrency, connections));
     if a.only.is_none() {
         println!();
-        print!("{}", ratio_lines(&legs));
+        // A target's own CPU is "other procs" here, so the disturbance warning means
+        // nothing with one.
+        print!("{}", ratio_lines(&legs, a.target.is_none()));
     }
     env.stop().await;
     Ok(())
@@ -270,7 +284,7 @@ fn legs_table(legs: &[Leg], clients: usize, conns: usize) -> String {
 
 /// Check's rate over Health/Check's, per round and over all rounds: by wall clock
 /// (calls over elapsed time) and by CPU (calls over this process's CPU time).
-fn ratio_lines(legs: &[Leg]) -> String {
+fn ratio_lines(legs: &[Leg], warn_foreign: bool) -> String {
     let mut t = String::new();
     let rounds = legs.iter().map(|l| l.round).max().unwrap_or(0);
     // (calls, elapsed seconds, own CPU seconds) of `rpc`'s legs accepted by `pick`.
@@ -310,7 +324,7 @@ fn ratio_lines(legs: &[Leg]) -> String {
         })
         .map(|l| format!("round {} {}", l.round, l.rpc.name()))
         .collect();
-    if !disturbed.is_empty() {
+    if warn_foreign && !disturbed.is_empty() {
         let _ = writeln!(
             t,
             "\nWARNING: other processes used more than {} cores during: {}; re-run these.",
