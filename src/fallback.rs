@@ -87,15 +87,33 @@ impl LocalWindow {
     /// ([`Source::FailurePolicy`]). The service's fallback and the client library's
     /// both decide through this, so they apply a policy identically.
     pub fn fail_open(&self, limit: &Limit, key: &str, cost: u32, local: Source) -> Decision {
-        let outcome = match limit.on_store_failure {
-            FailurePolicy::Local => return self.decide(limit, key, cost, local),
-            FailurePolicy::Allow => Outcome {
-                allowed: true,
-                count: cost,
-            },
+        match limit.on_store_failure {
+            FailurePolicy::Local => self.decide(limit, key, cost, local),
+            policy => self.by_policy(limit, policy, cost),
+        }
+    }
+
+    /// `key`'s window by `limit`'s `on_store_failure` policy, counting nothing, for when
+    /// the shared count cannot be read: what a Check would meet now. `local` reports this
+    /// window; `allow` reports every hit left and `deny` none (so sign-in's "attempts
+    /// left" never says 2 while every attempt is refused).
+    pub fn peek_open(&self, limit: &Limit, key: &str, local: Source) -> Decision {
+        match limit.on_store_failure {
+            FailurePolicy::Local => self.peek(limit, key, local),
+            policy => self.by_policy(limit, policy, 0),
+        }
+    }
+
+    /// `allow` admits (`cost` hits, counted nowhere) and `deny` refuses.
+    fn by_policy(&self, limit: &Limit, policy: FailurePolicy, cost: u32) -> Decision {
+        let outcome = match policy {
             FailurePolicy::Deny => Outcome {
                 allowed: false,
                 count: limit.requests,
+            },
+            FailurePolicy::Allow | FailurePolicy::Local => Outcome {
+                allowed: true,
+                count: cost,
             },
         };
         let now = self.clock.now_ms();
@@ -146,10 +164,10 @@ impl Fallback {
         decision
     }
 
-    /// Reports `key`'s local window without counting, after `error`.
+    /// Reports `key`'s window by the limit's failure policy without counting, after `error`.
     pub fn peek(&self, limit: &Limit, key: &str, error: &StoreError) -> Decision {
-        tracing::debug!(limit = %limit.name, key = %crate::logging::key_tag(key), reason = error.kind(), "peek answered from the local window");
-        self.local.peek(limit, key, Source::LocalFallback)
+        tracing::debug!(limit = %limit.name, key = %crate::logging::key_tag(key), reason = error.kind(), "peek answered by the failure policy");
+        self.local.peek_open(limit, key, Source::LocalFallback)
     }
 
     /// Clears `key`'s local window.
@@ -281,6 +299,36 @@ mod tests {
             assert!(!d.allowed && !d.shared);
             assert_eq!((d.remaining, d.source), (0, Source::FailurePolicy));
         }
+    }
+
+    #[test]
+    fn a_peek_meets_the_policy_a_check_would() {
+        let f = fb();
+        let local = Limit::new("l", 3, Duration::from_secs(60));
+        let allow = Limit::new("a", 3, Duration::from_secs(60)).with_policy(FailurePolicy::Allow);
+        let deny = Limit::new("d", 3, Duration::from_secs(60)).with_policy(FailurePolicy::Deny);
+        for l in [&local, &allow, &deny] {
+            f.decide(l, "k", 1, &err());
+        }
+        let p = f.peek(&local, "k", &err());
+        assert_eq!(
+            (p.allowed, p.remaining, p.source),
+            (true, 2, Source::LocalFallback),
+            "local: this instance's window"
+        );
+        let p = f.peek(&allow, "k", &err());
+        assert_eq!(
+            (p.allowed, p.remaining, p.source),
+            (true, 3, Source::FailurePolicy),
+            "allow: every hit left, nothing counted"
+        );
+        let p = f.peek(&deny, "k", &err());
+        assert_eq!(
+            (p.allowed, p.remaining, p.source, p.shared),
+            (false, 0, Source::FailurePolicy, false),
+            "deny: none left, as a Check would be refused"
+        );
+        assert_eq!(p.retry_after, Some(Duration::from_secs(60)));
     }
 
     #[test]

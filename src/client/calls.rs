@@ -80,7 +80,10 @@ impl Client {
             Err(CallError::Caller(e)) => Err(e),
             Err(CallError::Down(why)) => {
                 let limit = self.fallback_limit(known, limit, &why);
-                Ok(self.inner.local.peek(&limit, key, Source::ClientFallback))
+                Ok(self
+                    .inner
+                    .local
+                    .peek_open(&limit, key, Source::ClientFallback))
             }
         }
     }

@@ -143,7 +143,11 @@ export class RateLimiter {
     }
   }
 
-  /** `key`'s current window under `limit`, counting nothing (locally when the service cannot answer). */
+  /**
+   * `key`'s current window under `limit`, counting nothing. When the service cannot answer:
+   * what a check would meet under the limit's failure policy, as the service answers it
+   * (`local`: this process's window; `allow`: every hit left; `deny`: none).
+   */
   async peek(key: string, options: PeekOptions = {}): Promise<Decision> {
     validateKey(key);
     const limit = validateLimitName(options.limit);
@@ -151,7 +155,15 @@ export class RateLimiter {
     const result = await this.call<PbCheckResponse>("Peek", { key, limit });
     if (result.ok) return decisionFromPb(result.value);
     if (result.caller !== undefined) throw result.caller;
-    return this.local.peek(this.localLimit(known, limit, result.reason, result.detail), key, "client_fallback");
+    const decider = this.localLimit(known, limit, result.reason, result.detail);
+    switch (decider.onStoreFailure) {
+      case "local":
+        return this.local.peek(decider, key, "client_fallback");
+      case "allow":
+        return this.byPolicy(decider, true, 0);
+      case "deny":
+        return this.byPolicy(decider, false, decider.requests);
+    }
   }
 
   /** The service's limits, fetched now; the client decides with them from then on. */

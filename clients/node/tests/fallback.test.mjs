@@ -85,6 +85,14 @@ on_store_failure = "allow"
       shared: false, source: "failure_policy", limitName: "signin", window: 1_764_518_400_000 / 900_000,
     });
   }
+  // A peek meets the policy a check would: none left under deny, every hit under allow.
+  const signinPeek = await limiter.peek("alice", { limit: "signin" });
+  assert.deepEqual(
+    [signinPeek.allowed, signinPeek.remaining, signinPeek.source, signinPeek.retryAfterSeconds],
+    [false, 0, "failure_policy", 900],
+  );
+  const uploadsPeek = await limiter.peek("alice", { limit: "uploads" });
+  assert.deepEqual([uploadsPeek.allowed, uploadsPeek.remaining, uploadsPeek.source], [true, 20, "failure_policy"]);
   for (let i = 0; i < 30; i++) {
     const d = await limiter.check("alice", { limit: "uploads" });
     assert.equal(d.allowed, true, "allow admits past the limit: it counts nothing");
