@@ -210,3 +210,120 @@ async fn a_connection_closed_while_idle_is_replaced_before_a_write_goes_out_on_i
         other => panic!("expected an unknown outcome without the probe, got {other:?}"),
     }
 }
+
+/// A TCP proxy to a local port whose connections can be frozen: a frozen connection stays
+/// open and forwards nothing (a black hole), while new connections are forwarded as usual.
+struct FreezingProxy {
+    port: u16,
+    frozen_before: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    next: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl FreezingProxy {
+    async fn start(upstream: u16) -> FreezingProxy {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let frozen_before = Arc::new(AtomicU64::new(0));
+        let next = Arc::new(AtomicU64::new(0));
+        let (frozen, ids) = (frozen_before.clone(), next.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                else {
+                    continue;
+                };
+                let id = ids.fetch_add(1, Ordering::SeqCst);
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pump(cr, sw, id, frozen.clone()));
+                tokio::spawn(pump(sr, cw, id, frozen.clone()));
+            }
+        });
+        FreezingProxy {
+            port,
+            frozen_before,
+            next,
+        }
+    }
+
+    /// Every connection open now forwards nothing from here on.
+    fn freeze(&self) {
+        use std::sync::atomic::Ordering;
+        self.frozen_before
+            .store(self.next.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    id: u64,
+    frozen_before: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if id < frozen_before.load(std::sync::atomic::Ordering::SeqCst) {
+            // Hold both halves open and forward nothing, ever.
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A probe that the caller's budget cuts short on a black-holed connection discards that
+/// connection, as any abandoned call does: the next call connects afresh instead of
+/// probing the same black hole until its budget runs out again.
+#[tokio::test]
+async fn a_probe_cut_short_on_a_black_holed_connection_discards_it() {
+    use ratelimit::limits::Limit;
+    use ratelimit::store::CounterStore;
+    use ratelimit::store::redis::RedisStore;
+    let redis = RedisServer::start(&[]).await;
+    let proxy = FreezingProxy::start(redis.port).await;
+    let clock = ManualClock::new(T0);
+    let store = RedisStore::new(
+        &format!("redis://127.0.0.1:{}", proxy.port),
+        RedisOptions {
+            probe_after: Duration::from_millis(50),
+            ..RedisOptions::default()
+        },
+        std::sync::Arc::new(clock.clone()),
+    )
+    .expect("store");
+    let limit = Limit::new("t", 3, Duration::from_secs(60));
+    let w = (T0 / 60_000) as i64;
+    assert!(
+        store
+            .admit(&limit, "k", w, &[1])
+            .await
+            .expect("healthy")
+            .outcomes[0]
+            .allowed
+    );
+    proxy.freeze();
+    tokio::time::sleep(Duration::from_millis(200)).await; // silent: the next call probes
+    let cut = tokio::time::timeout(
+        Duration::from_millis(300),
+        store.admit(&limit, "k", w, &[1]),
+    );
+    assert!(
+        cut.await.is_err(),
+        "the probe gets no answer through the black hole"
+    );
+    let a = tokio::time::timeout(Duration::from_secs(3), store.admit(&limit, "k", w, &[1]))
+        .await
+        .expect("not stuck probing the black-holed connection again")
+        .expect("answered on a new connection");
+    assert_eq!((a.outcomes[0].allowed, a.outcomes[0].count), (true, 2));
+}

@@ -87,7 +87,16 @@ impl Link {
         generation: u64,
         mut conn: MultiplexedConnection,
     ) -> Result<(u64, MultiplexedConnection), StoreError> {
-        match redis::cmd("PING").query_async::<()>(&mut conn).await {
+        // Dropped mid-probe (the caller's budget ran out on a black-holed connection), the
+        // connection is discarded as for any abandoned call, or every later call would
+        // probe the same dead connection until the budget again.
+        let mut abandoned = Abandoned {
+            link: self,
+            generation: Some(generation),
+        };
+        let pong = redis::cmd("PING").query_async::<()>(&mut conn).await;
+        abandoned.generation = None;
+        match pong {
             Ok(()) => {
                 self.answered();
                 Ok((generation, conn))
