@@ -1,5 +1,6 @@
-//! The Redis store failing: stopped (killed), paused (`CLIENT PAUSE`), refusing auth, and
-//! answering with errors (OOM). Each check answers within the 1.5 s budget + ε with
+//! The Redis store failing: stopped (killed), paused (`CLIENT PAUSE`), refusing auth,
+//! answering with errors (OOM), restarted under an idle connection, and black-holed
+//! behind a proxy that stops forwarding. Each check answers within the 1.5 s budget + ε with
 //! `shared = false`, and decisions are shared again once Redis is back. Time bounds are
 //! the point here, and generous.
 
