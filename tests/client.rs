@@ -554,7 +554,9 @@ async fn a_black_hole_costs_one_deadline_per_check_until_the_breaker_opens() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let after = hole.snapshot();
     println!("50 checks with the breaker open: {took:?}; black hole after = {after:?}");
-    assert!(took < Duration::from_millis(250), "{took:?}");
+    // Waiting out the deadline, the 50 would take at least 50 × 180 ms = 9 s; the bound
+    // only has to tell that apart, with room for a loaded machine.
+    assert!(took < Duration::from_secs(2), "{took:?}");
     assert_eq!(after, before, "no connection, byte or RPC while open");
     let remaining = client.peek("mcp", "k").await.expect("peek").remaining;
     assert_eq!(

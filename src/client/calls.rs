@@ -29,11 +29,8 @@ impl Client {
             None => cost.max(1),
         };
         let cache_name = known.as_ref().map_or(limit, |l| &*l.name);
-        if let Some(refused) =
-            self.inner
-                .deny
-                .check(cache_name, key, cost, self.inner.clock.now_ms())
-        {
+        let sent_ms = self.inner.clock.now_ms();
+        if let Some(refused) = self.inner.deny.check(cache_name, key, cost, sent_ms) {
             return Ok(refused);
         }
         let request = pb::CheckRequest {
@@ -47,9 +44,7 @@ impl Client {
         {
             Ok(response) => {
                 let decision = decision_from_pb(response);
-                self.inner
-                    .deny
-                    .record(cache_name, key, &decision, self.inner.clock.now_ms());
+                self.inner.deny.record(cache_name, key, &decision, sent_ms);
                 Ok(decision)
             }
             Err(CallError::Caller(e)) => Err(e),

@@ -6,7 +6,9 @@
 //! - it remembers the `remaining` the service reported, and only refuses checks whose
 //!   cost exceeds it (counts only grow within a window, so such a check would be refused
 //!   anyway); a smaller check still goes to the service, which may admit it;
-//! - it follows the client's injectable clock, so tests can step past `retry_after`.
+//! - it follows the client's injectable clock, so tests can step past `retry_after`;
+//! - it never outlives the refusal's window: `reset_after` is rounded up to the second,
+//!   so a refusal is trusted at most until a second before it ([`DenyUntil::record`]).
 //!
 //! A refusal is **trusted for `trust`** (default 1 s, [`crate::decision::DEFAULT_DENY_TRUST`])
 //! at most, however long `retry_after` is: a Reset made elsewhere (through another
@@ -97,8 +99,15 @@ impl DenyUntil {
         }
     }
 
-    /// Remembers `decision` for `(limit, key)` if it is a refusal by the service.
-    pub(crate) fn record(&self, limit: &str, key: &str, decision: &Decision, now_ms: u64) {
+    /// Remembers `decision` for `(limit, key)` if it is a refusal by the service;
+    /// `sent_ms`: when the check that got it was sent.
+    ///
+    /// A refusal holds only in its own window, and the answer says when that ends only to
+    /// the second: `reset_after` is rounded up, so the window ends less than a second
+    /// before `decision time + reset_after`, and never before `sent_ms + reset_after − 1 s`.
+    /// The refusal is trusted no longer than that, so no check of the next window is ever
+    /// refused here (a key refused in its window's last second is not kept at all).
+    pub(crate) fn record(&self, limit: &str, key: &str, decision: &Decision, sent_ms: u64) {
         let by_the_service = matches!(
             decision.source,
             Source::Store | Source::DenyCache | Source::LocalFallback | Source::Lease
@@ -111,12 +120,19 @@ impl DenyUntil {
             return;
         }
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let window_left_ms = u64::try_from(decision.reset_after.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_sub(1_000);
+        let trusted_ms = wait_ms.min(self.trust_ms).min(window_left_ms);
+        if trusted_ms == 0 {
+            return;
+        }
         self.entries.insert(
             CacheKey::new(Arc::from(limit), key, BY_NAME),
             Entry {
-                until_ms: now_ms.saturating_add(wait_ms),
-                trusted_until_ms: now_ms.saturating_add(wait_ms.min(self.trust_ms)),
-                ttl: wait.min(Duration::from_millis(self.trust_ms)),
+                until_ms: sent_ms.saturating_add(wait_ms),
+                trusted_until_ms: sent_ms.saturating_add(trusted_ms),
+                ttl: Duration::from_millis(trusted_ms),
                 remaining: decision.remaining,
                 limit: decision.limit,
                 shared: decision.shared,
@@ -183,13 +199,16 @@ mod tests {
         assert_eq!(d.source, Source::DenyCache);
         assert_eq!(d.retry_after, Some(Duration::from_secs(50)));
         assert!(d.shared && !d.allowed);
-        let later = c.check("t", "k", 1, 50_999).expect("still refused");
+        let later = c.check("t", "k", 1, 49_999).expect("still refused");
         assert_eq!(
             later.retry_after,
-            Some(Duration::from_secs(1)),
+            Some(Duration::from_secs(2)),
             "rounded up"
         );
-        assert!(c.check("t", "k", 1, 51_000).is_none(), "lapsed");
+        assert!(
+            c.check("t", "k", 1, 50_000).is_none(),
+            "lapsed: the window may end within its last second"
+        );
         assert!(c.check("t", "other", 1, 1_000).is_none());
         assert!(c.check("u", "k", 1, 1_000).is_none());
     }
@@ -212,6 +231,32 @@ mod tests {
         assert!(c.check("t", "k", 1, 2_000).is_some());
         c.clear("t", "k");
         assert!(c.check("t", "k", 1, 2_000).is_none(), "reset: at once");
+    }
+
+    #[test]
+    fn a_refusal_is_never_trusted_into_the_next_window() {
+        // Refused 1.7 s into a 2 s window: the service says 1 s (0.3 s, rounded up).
+        let late = Decision {
+            reset_after: Duration::from_secs(1),
+            retry_after: Some(Duration::from_secs(1)),
+            ..refusal(0, Source::Store)
+        };
+        let c = DenyUntil::new(Duration::from_secs(1));
+        c.record("t", "k", &late, 1_700);
+        assert!(
+            c.check("t", "k", 1, 1_701).is_none(),
+            "its window ends within the second: not kept"
+        );
+        // With 2 s (1.1 to 2 s left), trusted for at most 1 s from when it was asked.
+        let early = Decision {
+            reset_after: Duration::from_secs(2),
+            retry_after: Some(Duration::from_secs(2)),
+            ..refusal(0, Source::Store)
+        };
+        let c = DenyUntil::new(Duration::from_secs(5));
+        c.record("t", "k", &early, 1_000);
+        assert!(c.check("t", "k", 1, 1_999).is_some());
+        assert!(c.check("t", "k", 1, 2_000).is_none());
     }
 
     #[test]

@@ -3,7 +3,7 @@
  * here with no RPC, so an exhausted key costs the service (and its store) nothing.
  *
  * Trusted for at most `denyCacheMs` (default 1 s), however long the service said to
- * wait: a `Reset` sent to the service by someone else (sign-in's "reset on success")
+ * wait, and never into the next window (see `record`): a `Reset` sent to the service by someone else (sign-in's "reset on success")
  * is then seen within that time (DESIGN §10). While trusted, it refuses only checks whose
  * cost exceeds the `remaining` the service reported (counts only grow in a window).
  * Only the service's own refusals of the key are cached; a `deny` failure policy's
@@ -34,16 +34,27 @@ export class DenyCache {
     this.entries = new Lru(maxKeys);
   }
 
-  /** Remembers `decision` for `(limit, key)` at `nowMs` if it is a refusal by the service. */
-  record(limit: string, key: string, decision: Decision, nowMs: number): void {
+  /**
+   * Remembers `decision` for `(limit, key)` if it is a refusal by the service; `sentMs`:
+   * when the check that got it was sent.
+   *
+   * A refusal holds only in its own window, and the answer says when that ends only to
+   * the second: `resetAfterSeconds` is rounded up, so the window ends less than a second
+   * before `decision time + resetAfterSeconds`, and never before
+   * `sentMs + resetAfterSeconds − 1 s`. The refusal is trusted no longer than that, so no
+   * check of the next window is ever refused here (a key refused in its window's last
+   * second is not kept at all).
+   */
+  record(limit: string, key: string, decision: Decision, sentMs: number): void {
     const byService = ["store", "deny_cache", "local_fallback", "lease"].includes(decision.source);
     if (decision.allowed || !byService || this.trustMs <= 0) return;
     const waitMs = (decision.retryAfterSeconds ?? decision.resetAfterSeconds) * 1000;
-    if (waitMs <= 0) return;
+    const trustedMs = Math.min(waitMs, this.trustMs, (decision.resetAfterSeconds - 1) * 1000);
+    if (trustedMs <= 0) return;
     this.entries.set(counterId(limit, key), {
-      trustUntil: nowMs + Math.min(waitMs, this.trustMs),
-      retryAt: nowMs + waitMs,
-      resetAt: nowMs + decision.resetAfterSeconds * 1000,
+      trustUntil: sentMs + trustedMs,
+      retryAt: sentMs + waitMs,
+      resetAt: sentMs + decision.resetAfterSeconds * 1000,
       remaining: decision.remaining,
       limit: decision.limit,
       shared: decision.shared,

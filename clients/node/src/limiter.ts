@@ -123,12 +123,13 @@ export class RateLimiter {
     const known = this.known.get(limit);
     if (known !== undefined) checkCost(known, cost);
     const cacheName = known?.name ?? limit;
-    const refused = this.deny.check(cacheName, key, cost, this.clock.now());
+    const sentMs = this.clock.now();
+    const refused = this.deny.check(cacheName, key, cost, sentMs);
     if (refused !== undefined) return refused;
     const result = await this.call<PbCheckResponse>("Check", { key, limit, cost });
     if (result.ok) {
       const decision = decisionFromPb(result.value);
-      this.deny.record(cacheName, key, decision, this.clock.now());
+      this.deny.record(cacheName, key, decision, sentMs);
       return decision;
     }
     if (result.caller !== undefined) throw result.caller;

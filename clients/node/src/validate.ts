@@ -18,12 +18,19 @@ const NAME = /^[A-Za-z0-9_-]+$/;
 const POLICIES: readonly FailurePolicy[] = ["local", "allow", "deny"];
 
 /** Throws unless `key` is a non-empty string of at most 512 bytes of UTF-8. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
 export function validateKey(key: unknown): asserts key is string {
   if (typeof key !== "string") {
     throw new InvalidArgumentError(`key: must be a string, got ${typeof key}`, false);
   }
   const bytes = Buffer.byteLength(key, "utf8");
   if (bytes === 0) throw new InvalidArgumentError("key: must not be empty", false);
+  // A lone surrogate has no UTF-8 form: the service would refuse the bytes it is sent as,
+  // and a local decision would count a key no service check could match.
+  if (LONE_SURROGATE.test(key)) {
+    throw new InvalidArgumentError("key: must be valid UTF-8, got a lone UTF-16 surrogate", false);
+  }
   if (bytes > MAX_KEY_BYTES) {
     throw new InvalidArgumentError(
       `key: must be at most ${MAX_KEY_BYTES} bytes of UTF-8, got ${bytes} bytes`,

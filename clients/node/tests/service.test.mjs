@@ -107,12 +107,16 @@ test("caller bugs are thrown as typed errors; bad input costs no RPC and never o
     [() => limiter.check("k", { cost: 1.5 }), "cost: must be a whole number between 0 and 4294967295, got 1.5"],
     [() => limiter.check("k", { cost: 121 }), 'cost: must not exceed the 120 requests of limit "mcp", got 121'],
     [() => limiter.check(42), "key: must be a string, got number"],
+    [() => limiter.check("bad\uD800"), "key: must be valid UTF-8, got a lone UTF-16 surrogate"],
+    [() => limiter.check("\uDC00bad"), "key: must be valid UTF-8, got a lone UTF-16 surrogate"],
     [() => limiter.peek(""), "key: must not be empty"],
   ];
   for (const [call, message] of local) {
     await assert.rejects(call, (e) => e instanceof InvalidArgumentError && e.fromService === false && e.message === message);
   }
   assert.equal(checks(), before, "no RPC for bad input");
+  // A well-formed pair is one character, not a lone surrogate.
+  assert.equal((await limiter.check(unique("ok\uD83D\uDE00"))).allowed, true);
 
   for (let i = 0; i < 3; i++) {
     await assert.rejects(
@@ -125,7 +129,7 @@ test("caller bugs are thrown as typed errors; bad input costs no RPC and never o
     () => limiter.check("k", { limit: "signin", cost: 5 }),
     (e) => e instanceof InvalidArgumentError && e.fromService === true && e.message === 'cost: must not exceed the 3 requests of limit "signin", got 5',
   );
-  assert.equal(checks(), before + 4);
+  assert.equal(checks(), before + 5, "the emoji key, three unknown limits, the service-checked cost");
   assert.equal(limiter.breakerState, "closed", "an answered error is a healthy service");
   limiter.close();
 });

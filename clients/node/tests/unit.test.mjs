@@ -94,6 +94,20 @@ test("deny cache: refuses while trusted and only costs that cannot fit; trust is
   assert.equal(off.check("t", "k", 3, 0), undefined, "denyCacheMs 0 turns it off");
 });
 
+test("deny cache: a refusal is never trusted into the next window", () => {
+  // Refused 1.7 s into a 2 s window: the service says 1 s (0.3 s, rounded up).
+  const late = { allowed: false, limit: 3, remaining: 0, resetAfterSeconds: 1, retryAfterSeconds: 1, shared: true, source: "store", limitName: "tiny", window: 7 };
+  const c = new DenyCache(1000, 100);
+  c.record("tiny", "k", late, 1_700);
+  assert.equal(c.check("tiny", "k", 1, 1_701), undefined, "its window ends within the second: not kept");
+  // With 2 s (1.1 to 2 s left), trusted for at most 1 s from when the check was sent.
+  const early = { ...late, resetAfterSeconds: 2, retryAfterSeconds: 2 };
+  const long = new DenyCache(5000, 100);
+  long.record("tiny", "k", early, 1_000);
+  assert.notEqual(long.check("tiny", "k", 1, 1_999), undefined);
+  assert.equal(long.check("tiny", "k", 1, 2_000), undefined);
+});
+
 test("addresses and options are checked when the limiter is created", () => {
   assert.deepEqual(parseAddress("127.0.0.1:50051"), { target: "127.0.0.1:50051", tls: false, origin: "http://127.0.0.1:50051" });
   assert.deepEqual(parseAddress("https://ratelimit-abc-ew.a.run.app/x"), { target: "ratelimit-abc-ew.a.run.app:443", tls: true, origin: "https://ratelimit-abc-ew.a.run.app" });
