@@ -38,7 +38,7 @@ use crate::store::counter::{
     Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count,
 };
 use async_trait::async_trait;
-use link::{Abandoned, Link};
+use link::{Abandoned, Link, is_auth};
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, Script};
@@ -310,22 +310,6 @@ fn describe(info: &redis::ConnectionInfo) -> String {
     };
     let (db, user, auth) = (settings.db(), user.unwrap_or_default(), auth.unwrap_or(""));
     format!("{scheme}://{host}:{port}/{db}{user}{auth}")
-}
-
-fn is_auth(e: &RedisError) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::AuthenticationFailed | ErrorKind::Server(redis::ServerErrorKind::NoPerm)
-    ) || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
-}
-
-/// A failure to connect: nothing was sent.
-fn connect_error(e: &RedisError) -> StoreError {
-    if is_auth(e) {
-        StoreError::Auth(e.to_string())
-    } else {
-        StoreError::Connect(e.to_string())
-    }
 }
 
 /// A failed command on an open connection.

@@ -13,10 +13,9 @@
 //! a connection known to be open. A busy connection is never probed: what breaks under
 //! load is in flight, and stays an unknown outcome.
 
-use super::{connect_error, is_auth};
 use crate::store::counter::StoreError;
-use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -150,5 +149,22 @@ impl Drop for Abandoned<'_> {
         if let Some(g) = self.generation {
             self.link.discard(g);
         }
+    }
+}
+
+/// Whether `e` is Redis refusing our credentials (or their rights).
+pub(super) fn is_auth(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::AuthenticationFailed | ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+    ) || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+}
+
+/// A failure to connect: nothing was sent.
+fn connect_error(e: &RedisError) -> StoreError {
+    if is_auth(e) {
+        StoreError::Auth(e.to_string())
+    } else {
+        StoreError::Connect(e.to_string())
     }
 }
