@@ -14,6 +14,7 @@
 //! replaced by the real limit) starts new entries instead of comparing window numbers
 //! of two scales. A cache that keys by limit name alone passes 0.
 
+use crate::limits::Limit;
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -34,6 +35,11 @@ impl CacheKey {
             key: key.into(),
             window_ms,
         }
+    }
+
+    /// The key of `key` under `limit`, keyed with the limit's window length.
+    pub(crate) fn of(limit: &Limit, key: &str) -> Self {
+        Self::new(limit.name.clone(), key, limit.window_ms)
     }
 
     /// Bytes this key holds beyond its own size (its strings), for a cache's weigher.
@@ -57,6 +63,11 @@ impl<'a> KeyRef<'a> {
             key,
             window_ms,
         }
+    }
+
+    /// The borrowed [`CacheKey::of`]: what a check looks `key` under `limit` up by.
+    pub(crate) fn of(limit: &'a Limit, key: &'a str) -> Self {
+        Self::new(&limit.name, key, limit.window_ms)
     }
 
     /// What a cache lookup takes (`get(&k.dyn_ref())`).

@@ -73,28 +73,21 @@ impl DenyCache {
     pub fn is_exhausted(&self, limit: &Limit, key: &str, window: i64) -> bool {
         let now = self.clock.now_ms();
         self.exhausted
-            .get(lookup(limit, key).dyn_ref())
+            .get(KeyRef::of(limit, key).dyn_ref())
             .is_some_and(|e| e.window >= window && now.saturating_sub(e.seen_ms) < self.trust_ms)
     }
 
     /// Records that `key` has no hits left in `window`, as the store just said.
     pub fn mark(&self, limit: &Limit, key: &str, window: i64) {
         let seen_ms = self.clock.now_ms();
-        self.exhausted.insert(
-            CacheKey::new(limit.name.clone(), key, limit.window_ms),
-            Exhausted { window, seen_ms },
-        );
+        self.exhausted
+            .insert(CacheKey::of(limit, key), Exhausted { window, seen_ms });
     }
 
     /// Forgets `key` (after a reset).
     pub fn clear(&self, limit: &Limit, key: &str) {
-        self.exhausted.invalidate(lookup(limit, key).dyn_ref());
+        self.exhausted.invalidate(KeyRef::of(limit, key).dyn_ref());
     }
-}
-
-/// The borrowed key of `(limit, key)`: a check allocates nothing to look its key up.
-fn lookup<'a>(limit: &'a Limit, key: &'a str) -> KeyRef<'a> {
-    KeyRef::new(&limit.name, key, limit.window_ms)
 }
 
 #[cfg(test)]

@@ -165,13 +165,9 @@ impl MemoryStore {
         }
     }
 
-    fn lookup<'a>(limit: &'a Limit, key: &'a str) -> KeyRef<'a> {
-        KeyRef::new(&limit.name, key, limit.window_ms)
-    }
-
     /// The slot of `(limit, key)`, if it exists (no key is allocated).
     fn find(&self, limit: &Limit, key: &str) -> Option<Arc<Slot>> {
-        self.slots.get(Self::lookup(limit, key).dyn_ref())
+        self.slots.get(KeyRef::of(limit, key).dyn_ref())
     }
 
     fn slot(&self, limit: &Limit, key: &str, window: i64) -> Arc<Slot> {
@@ -180,17 +176,14 @@ impl MemoryStore {
         }
         // A new slot: `get_with` settles a race with a concurrent first hit (one wins,
         // both count on it).
-        self.slots.get_with(
-            CacheKey::new(limit.name.clone(), key, limit.window_ms),
-            || {
-                let created = self.created.fetch_add(1, Ordering::Relaxed);
-                Arc::new(Slot {
-                    cell: Cell::new(window),
-                    window: Duration::from_millis(limit.window_ms),
-                    spread: expiry_spread(created, limit.window_ms),
-                })
-            },
-        )
+        self.slots.get_with(CacheKey::of(limit, key), || {
+            let created = self.created.fetch_add(1, Ordering::Relaxed);
+            Arc::new(Slot {
+                cell: Cell::new(window),
+                window: Duration::from_millis(limit.window_ms),
+                spread: expiry_spread(created, limit.window_ms),
+            })
+        })
     }
 
     /// One cost applied to `(limit, key)` in `window` (or the newer window its counter is
@@ -249,7 +242,7 @@ impl MemoryStore {
     /// Forgets `(limit, key)`: its counter starts again from 0, whatever window it is in
     /// (one counter holds every window of a key).
     pub fn reset_now(&self, limit: &Limit, key: &str) {
-        self.slots.invalidate(Self::lookup(limit, key).dyn_ref());
+        self.slots.invalidate(KeyRef::of(limit, key).dyn_ref());
     }
 
     /// Entries held, after pending expiry work is done. For tests and metrics.

@@ -2,6 +2,7 @@
 //! the byte budget and the expiry that bounds it in time.
 
 use super::*;
+use crate::cache_key::KeyRef;
 
 fn store() -> MemoryStore {
     MemoryStore::new()
@@ -150,7 +151,7 @@ fn a_new_entry_lives_a_whole_window_plus_grace_wherever_in_its_window_it_is_made
     s.admit_now(&l, "k", 1, &[1]);
     let slot = s
         .slots
-        .get(MemoryStore::lookup(&l, "k").dyn_ref())
+        .get(KeyRef::of(&l, "k").dyn_ref())
         .map(|s| s.first_life());
     // The first slot created gets no spread.
     assert_eq!(slot, Some(Duration::from_secs(60) + GRACE));
@@ -183,7 +184,7 @@ fn expiry_is_spread_evenly_over_half_a_window_at_most_the_cap() {
     c.admit_now(&l, "b", 1, &[1]);
     let ttl = |k: &str| {
         s.slots
-            .get(MemoryStore::lookup(&l, k).dyn_ref())
+            .get(KeyRef::of(&l, k).dyn_ref())
             .map(|s| s.first_life())
     };
     assert_ne!(ttl("a"), ttl("b"));
@@ -265,7 +266,7 @@ fn a_read_keeps_the_slot_past_any_window_it_can_count_in_and_reschedules_rarely(
     let l = Limit::new("t", 5, Duration::from_secs(60));
     let s = store();
     s.admit_now(&l, "k", 1, &[1]);
-    let Some(slot) = s.slots.get(MemoryStore::lookup(&l, "k").dyn_ref()) else {
+    let Some(slot) = s.slots.get(KeyRef::of(&l, "k").dyn_ref()) else {
         panic!("the slot was just created");
     };
     let minute = Duration::from_secs(60);
