@@ -89,7 +89,8 @@ impl LocalWindow {
     pub fn fail_open(&self, limit: &Limit, key: &str, cost: u32, local: Source) -> Decision {
         match limit.on_store_failure {
             FailurePolicy::Local => self.decide(limit, key, cost, local),
-            policy => self.by_policy(limit, policy, cost),
+            FailurePolicy::Allow => self.by_policy(limit, true, cost),
+            FailurePolicy::Deny => self.by_policy(limit, false, limit.requests),
         }
     }
 
@@ -100,22 +101,15 @@ impl LocalWindow {
     pub fn peek_open(&self, limit: &Limit, key: &str, local: Source) -> Decision {
         match limit.on_store_failure {
             FailurePolicy::Local => self.peek(limit, key, local),
-            policy => self.by_policy(limit, policy, 0),
+            FailurePolicy::Allow => self.by_policy(limit, true, 0),
+            FailurePolicy::Deny => self.by_policy(limit, false, limit.requests),
         }
     }
 
-    /// `allow` admits (`cost` hits, counted nowhere) and `deny` refuses.
-    fn by_policy(&self, limit: &Limit, policy: FailurePolicy, cost: u32) -> Decision {
-        let outcome = match policy {
-            FailurePolicy::Deny => Outcome {
-                allowed: false,
-                count: limit.requests,
-            },
-            FailurePolicy::Allow | FailurePolicy::Local => Outcome {
-                allowed: true,
-                count: cost,
-            },
-        };
+    /// A decision of the `allow` or `deny` policy: `allowed`, as if the window held
+    /// `count`, counted nowhere.
+    fn by_policy(&self, limit: &Limit, allowed: bool, count: u32) -> Decision {
+        let outcome = Outcome { allowed, count };
         let now = self.clock.now_ms();
         let window = window::number(now, limit.window_ms);
         Decision::from_outcome(limit, now, window, outcome, Source::FailurePolicy)
