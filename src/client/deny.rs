@@ -116,9 +116,6 @@ impl DenyUntil {
             return;
         }
         let wait = decision.retry_after.unwrap_or(decision.reset_after);
-        if wait.is_zero() {
-            return;
-        }
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         let window_left_ms = u64::try_from(decision.reset_after.as_millis())
             .unwrap_or(u64::MAX)
@@ -235,26 +232,22 @@ mod tests {
 
     #[test]
     fn a_refusal_is_never_trusted_into_the_next_window() {
-        // Refused 1.7 s into a 2 s window: the service says 1 s (0.3 s, rounded up).
-        let late = Decision {
-            reset_after: Duration::from_secs(1),
-            retry_after: Some(Duration::from_secs(1)),
+        // A refusal whose window ends within `secs` (as the service rounds it up).
+        let ending_within = |secs| Decision {
+            reset_after: Duration::from_secs(secs),
+            retry_after: Some(Duration::from_secs(secs)),
             ..refusal(0, Source::Store)
         };
+        // Refused 1.7 s into a 2 s window: the service says 1 s (0.3 s, rounded up).
         let c = DenyUntil::new(Duration::from_secs(1));
-        c.record("t", "k", &late, 1_700);
+        c.record("t", "k", &ending_within(1), 1_700);
         assert!(
             c.check("t", "k", 1, 1_701).is_none(),
             "its window ends within the second: not kept"
         );
         // With 2 s (1.1 to 2 s left), trusted for at most 1 s from when it was asked.
-        let early = Decision {
-            reset_after: Duration::from_secs(2),
-            retry_after: Some(Duration::from_secs(2)),
-            ..refusal(0, Source::Store)
-        };
         let c = DenyUntil::new(Duration::from_secs(5));
-        c.record("t", "k", &early, 1_000);
+        c.record("t", "k", &ending_within(2), 1_000);
         assert!(c.check("t", "k", 1, 1_999).is_some());
         assert!(c.check("t", "k", 1, 2_000).is_none());
     }
