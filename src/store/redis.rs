@@ -38,7 +38,7 @@ use crate::store::counter::{
     Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count,
 };
 use async_trait::async_trait;
-use link::{Abandoned, Link, is_auth};
+use link::{Link, is_auth};
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, Script};
@@ -248,15 +248,7 @@ impl RedisStore {
     {
         let (generation, conn) = self.link.get().await?;
         let started = Instant::now();
-        // A call abandoned mid-flight (its budget ran out) leaves the connection's state
-        // unknown, e.g. black-holed: the next call connects afresh rather than queueing
-        // behind it until TCP gives up.
-        let mut abandoned = Abandoned {
-            link: &self.link,
-            generation: Some(generation),
-        };
-        let result = f(conn).await;
-        abandoned.generation = None;
+        let result = self.link.unless_abandoned(generation, f(conn)).await;
         // Answers only (200 or an error reply); a broken call has no duration worth keeping.
         match &result {
             Ok(_) => {

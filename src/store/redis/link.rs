@@ -89,24 +89,20 @@ impl Link {
         // Dropped mid-probe (the caller's budget ran out on a black-holed connection), the
         // connection is discarded as for any abandoned call, or every later call would
         // probe the same dead connection until the budget again.
-        let mut abandoned = Abandoned {
-            link: self,
-            generation: Some(generation),
-        };
-        let pong = redis::cmd("PING").query_async::<()>(&mut conn).await;
-        abandoned.generation = None;
-        match pong {
+        let ping = redis::cmd("PING");
+        let pong = ping.query_async::<()>(&mut conn);
+        match self.unless_abandoned(generation, pong).await {
             Ok(()) => {
                 self.answered();
                 Ok((generation, conn))
             }
-            // The server answered, so the connection is open: let the command meet
-            // whatever it is (an auth error, LOADING) as it would without a probe.
             Err(e) if e.is_connection_dropped() || e.is_io_error() || e.is_timeout() => {
                 self.discard(generation);
                 self.connect().await
             }
             Err(e) if is_auth(&e) => Err(StoreError::Auth(e.to_string())),
+            // The server answered, so the connection is open: let the command meet
+            // whatever it is (LOADING, say) as it would without a probe.
             Err(_) => Ok((generation, conn)),
         }
     }
@@ -130,6 +126,24 @@ impl Link {
         Ok(c)
     }
 
+    /// Runs `work` on connection `generation`. A call dropped before it finished (its
+    /// budget ran out) leaves the connection's state unknown, e.g. black-holed: the
+    /// connection is discarded, so the next call connects afresh rather than queueing
+    /// behind it until TCP gives up.
+    pub(super) async fn unless_abandoned<T>(
+        &self,
+        generation: u64,
+        work: impl std::future::Future<Output = T>,
+    ) -> T {
+        let mut abandoned = Abandoned {
+            link: self,
+            generation: Some(generation),
+        };
+        let out = work.await;
+        abandoned.generation = None;
+        out
+    }
+
     pub(super) fn discard(&self, generation: u64) {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         if current.as_ref().is_some_and(|(g, _)| *g == generation) {
@@ -138,10 +152,10 @@ impl Link {
     }
 }
 
-/// Discards the connection of a call dropped before it finished.
-pub(super) struct Abandoned<'a> {
-    pub(super) link: &'a Link,
-    pub(super) generation: Option<u64>,
+/// Discards the connection of a call dropped before it finished ([`Link::unless_abandoned`]).
+struct Abandoned<'a> {
+    link: &'a Link,
+    generation: Option<u64>,
 }
 
 impl Drop for Abandoned<'_> {
