@@ -87,11 +87,8 @@ impl LocalWindow {
     /// ([`Source::FailurePolicy`]). The service's fallback and the client library's
     /// both decide through this, so they apply a policy identically.
     pub fn fail_open(&self, limit: &Limit, key: &str, cost: u32, local: Source) -> Decision {
-        match limit.on_store_failure {
-            FailurePolicy::Local => self.decide(limit, key, cost, local),
-            FailurePolicy::Allow => self.by_policy(limit, true, cost),
-            FailurePolicy::Deny => self.by_policy(limit, false, limit.requests),
-        }
+        self.by_policy(limit, cost)
+            .unwrap_or_else(|| self.decide(limit, key, cost, local))
     }
 
     /// `key`'s window by `limit`'s `on_store_failure` policy, counting nothing, for when
@@ -99,20 +96,33 @@ impl LocalWindow {
     /// window; `allow` reports every hit left and `deny` none (so sign-in's "attempts
     /// left" never says 2 while every attempt is refused).
     pub fn peek_open(&self, limit: &Limit, key: &str, local: Source) -> Decision {
-        match limit.on_store_failure {
-            FailurePolicy::Local => self.peek(limit, key, local),
-            FailurePolicy::Allow => self.by_policy(limit, true, 0),
-            FailurePolicy::Deny => self.by_policy(limit, false, limit.requests),
-        }
+        self.by_policy(limit, 0)
+            .unwrap_or_else(|| self.peek(limit, key, local))
     }
 
-    /// A decision of the `allow` or `deny` policy: `allowed`, as if the window held
-    /// `count`, counted nowhere.
-    fn by_policy(&self, limit: &Limit, allowed: bool, count: u32) -> Decision {
-        let outcome = Outcome { allowed, count };
+    /// The `allow` or `deny` policy's decision for `cost` hits (a peek passes 0), counted
+    /// nowhere; `None` under `local`, which decides in this window.
+    fn by_policy(&self, limit: &Limit, cost: u32) -> Option<Decision> {
+        let outcome = match limit.on_store_failure {
+            FailurePolicy::Local => return None,
+            FailurePolicy::Allow => Outcome {
+                allowed: true,
+                count: cost,
+            },
+            FailurePolicy::Deny => Outcome {
+                allowed: false,
+                count: limit.requests,
+            },
+        };
         let now = self.clock.now_ms();
         let window = window::number(now, limit.window_ms);
-        Decision::from_outcome(limit, now, window, outcome, Source::FailurePolicy)
+        Some(Decision::from_outcome(
+            limit,
+            now,
+            window,
+            outcome,
+            Source::FailurePolicy,
+        ))
     }
 
     /// `key`'s current window under `limit`, counting nothing.
