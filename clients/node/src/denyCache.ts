@@ -3,8 +3,8 @@
  * here with no RPC, so an exhausted key costs the service (and its store) nothing.
  *
  * Trusted for at most `denyCacheMs` (default 1 s), however long the service said to
- * wait, and never into the next window (see `record`): a `Reset` sent to the service by someone else (sign-in's "reset on success")
- * is then seen within that time (DESIGN §10). While trusted, it refuses only checks whose
+ * wait, and never into the next window (see `record`): a `Reset` sent to the service by
+ * someone else (sign-in's "reset on success") is then seen within that time (DESIGN §10). While trusted, it refuses only checks whose
  * cost exceeds the `remaining` the service reported (counts only grow in a window).
  * Only the service's own refusals of the key are cached; a `deny` failure policy's
  * refusal says nothing about the key's usage.

@@ -134,14 +134,7 @@ export class RateLimiter {
     }
     if (result.caller !== undefined) throw result.caller;
     const decider = this.localLimit(known, limit, result.reason, result.detail);
-    switch (decider.onStoreFailure) {
-      case "local":
-        return this.local.decide(decider, key, cost, "client_fallback");
-      case "allow":
-        return this.byPolicy(decider, true, cost);
-      case "deny":
-        return this.byPolicy(decider, false, decider.requests);
-    }
+    return this.byPolicy(decider, cost) ?? this.local.decide(decider, key, cost, "client_fallback");
   }
 
   /**
@@ -157,14 +150,7 @@ export class RateLimiter {
     if (result.ok) return decisionFromPb(result.value);
     if (result.caller !== undefined) throw result.caller;
     const decider = this.localLimit(known, limit, result.reason, result.detail);
-    switch (decider.onStoreFailure) {
-      case "local":
-        return this.local.peek(decider, key, "client_fallback");
-      case "allow":
-        return this.byPolicy(decider, true, 0);
-      case "deny":
-        return this.byPolicy(decider, false, decider.requests);
-    }
+    return this.byPolicy(decider, 0) ?? this.local.peek(decider, key, "client_fallback");
   }
 
   /** The service's limits, fetched now; the client decides with them from then on. */
@@ -208,11 +194,17 @@ export class RateLimiter {
     this.channel.close();
   }
 
-  /** A decision the limit's `allow`/`deny` policy made, counted nowhere (as the service's). */
-  private byPolicy(limit: Limit, allowed: boolean, count: number): Decision {
+  /**
+   * The limit's `allow` or `deny` policy's decision for `cost` hits (a peek passes 0),
+   * counted nowhere, as the service's; `undefined` under `local`, which decides in this
+   * process's window.
+   */
+  private byPolicy(limit: Limit, cost: number): Decision | undefined {
+    if (limit.onStoreFailure === "local") return undefined;
+    const allowed = limit.onStoreFailure === "allow";
     const now = this.clock.now();
     const window = windowNumber(now, limit.windowSeconds * 1000);
-    return decisionFrom(limit, now, window, allowed, count, "failure_policy");
+    return decisionFrom(limit, now, window, allowed, allowed ? cost : limit.requests, "failure_policy");
   }
 
   /** The limit to decide with locally, and the outage's log line. */

@@ -17,9 +17,9 @@ const MAX_WINDOW_SECONDS = 31 * 24 * 3600;
 const NAME = /^[A-Za-z0-9_-]+$/;
 const POLICIES: readonly FailurePolicy[] = ["local", "allow", "deny"];
 
-/** Throws unless `key` is a non-empty string of at most 512 bytes of UTF-8. */
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 
+/** Throws unless `key` is a non-empty string of at most 512 bytes of UTF-8 (no lone surrogate). */
 export function validateKey(key: unknown): asserts key is string {
   if (typeof key !== "string") {
     throw new InvalidArgumentError(`key: must be a string, got ${typeof key}`, false);
