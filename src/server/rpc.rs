@@ -100,7 +100,8 @@ impl From<Decision> for pb::CheckResponse {
             retry_after: d.retry_after.map(duration),
             shared: d.shared,
             source: pb::Source::from(d.source).into(),
-            limit_name: d.limit_name.to_string(),
+            // Not `to_string()`: on an `Arc<str>` that formats through `Display`.
+            limit_name: String::from(&*d.limit_name),
             window: d.window,
         }
     }
