@@ -203,7 +203,11 @@ struct LogState {
 ///
 /// The first fallback for a `(limit, reason)` pair is logged at once (operators need to
 /// know an outage started); after that, counts are summed and written as one line per
-/// pair every [`LOG_INTERVAL`].
+/// pair every [`LOG_INTERVAL`], by the next fallback or by [`FallbackLog::flush_due`]
+/// (which the server calls every interval), so the last line of an outage is written
+/// within an interval of its end, not at the next outage. A pair that had no fallback for
+/// a whole interval is forgotten: its next fallback starts a new outage and is logged at
+/// once again.
 #[derive(Default)]
 pub struct FallbackLog {
     state: Mutex<LogState>,
@@ -211,8 +215,18 @@ pub struct FallbackLog {
 
 impl FallbackLog {
     fn record(&self, limit: &Limit, caller_key: &str, error: &StoreError, allowed: bool) {
+        self.record_at(Instant::now(), limit, caller_key, error, allowed);
+    }
+
+    fn record_at(
+        &self,
+        now: Instant,
+        limit: &Limit,
+        caller_key: &str,
+        error: &StoreError,
+        allowed: bool,
+    ) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
         let since = *state.since.get_or_insert(now);
         let key = (limit.name.to_string(), error.kind());
         let first = !state.tallies.contains_key(&key);
@@ -236,23 +250,21 @@ impl FallbackLog {
             );
         }
         if now.duration_since(since) >= LOG_INTERVAL {
-            let elapsed = now.duration_since(since);
-            let tallies = std::mem::take(&mut state.tallies);
-            for ((limit, reason), t) in &tallies {
-                tracing::warn!(
-                    limit = %limit,
-                    reason,
-                    fallbacks = t.fallbacks,
-                    admitted = t.admitted,
-                    denied = t.denied,
-                    seconds = elapsed.as_secs(),
-                    "fallback decisions (shared=false) since the last report"
-                );
-            }
-            state.lines += tallies.len() as u64;
-            state.since = Some(now);
-            // Keep the pairs known so the next event is not logged as a "first".
-            state.tallies = tallies.into_keys().map(|k| (k, Tally::default())).collect();
+            write_summaries(&mut state, since, now);
+        }
+    }
+
+    /// Writes the summary lines that are due (an interval has passed since the last).
+    pub fn flush_due(&self) {
+        self.flush_due_at(Instant::now());
+    }
+
+    fn flush_due_at(&self, now: Instant) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(since) = state.since
+            && now.duration_since(since) >= LOG_INTERVAL
+        {
+            write_summaries(&mut state, since, now);
         }
     }
 
@@ -260,6 +272,31 @@ impl FallbackLog {
     pub fn lines(&self) -> u64 {
         self.state.lock().map(|s| s.lines).unwrap_or(0)
     }
+}
+
+/// One line per pair with fallbacks since `since`; pairs without any are forgotten.
+fn write_summaries(state: &mut LogState, since: Instant, now: Instant) {
+    let elapsed = now.duration_since(since);
+    let tallies = std::mem::take(&mut state.tallies);
+    for ((limit, reason), t) in tallies.iter().filter(|(_, t)| t.fallbacks > 0) {
+        state.lines += 1;
+        tracing::warn!(
+            limit = %limit,
+            reason,
+            fallbacks = t.fallbacks,
+            admitted = t.admitted,
+            denied = t.denied,
+            seconds = elapsed.as_secs(),
+            "fallback decisions (shared=false) since the last report"
+        );
+    }
+    // Pairs still failing stay known, so their next event is not logged as a "first".
+    state.tallies = tallies
+        .into_iter()
+        .filter(|(_, t)| t.fallbacks > 0)
+        .map(|(k, _)| (k, Tally::default()))
+        .collect();
+    state.since = (!state.tallies.is_empty()).then_some(now);
 }
 
 #[cfg(test)]
@@ -349,5 +386,37 @@ mod tests {
             );
         }
         assert_eq!(f.log().lines(), 2);
+    }
+
+    #[test]
+    fn an_outage_is_summed_up_within_an_interval_of_its_end_and_a_new_one_is_logged_at_once() {
+        let log = FallbackLog::default();
+        let l = Limit::new("t", 100, Duration::from_secs(60));
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        for s in 0..3 {
+            log.record_at(at(s), &l, "k", &err(), true);
+        }
+        assert_eq!(log.lines(), 1, "the first fallback, at once");
+        log.flush_due_at(at(9));
+        assert_eq!(log.lines(), 1, "no summary before an interval has passed");
+        log.flush_due_at(at(10));
+        assert_eq!(
+            log.lines(),
+            2,
+            "the outage's summary, with no further fallback"
+        );
+        log.flush_due_at(at(20));
+        log.flush_due_at(at(60));
+        assert_eq!(
+            log.lines(),
+            2,
+            "a quiet interval writes nothing (no zero lines)"
+        );
+        log.record_at(at(3_600), &l, "k", &err(), true);
+        assert_eq!(log.lines(), 3, "a later outage is logged at once");
+        log.record_at(at(3_605), &l, "k", &err(), false);
+        log.flush_due_at(at(3_610));
+        assert_eq!(log.lines(), 4);
     }
 }

@@ -141,6 +141,13 @@ impl Limiter {
         }
     }
 
+    /// Writes the fallback log's summary lines that are due, so an outage's last line
+    /// does not wait for the next fallback (the server calls this every
+    /// [`crate::fallback::LOG_INTERVAL`]).
+    pub fn flush_fallback_log(&self) {
+        self.fallback.log().flush_due();
+    }
+
     /// Counts `cost` hits (0 means 1) for `key` under the limit `limit_name` (empty: the default).
     /// `deadline` is the time the caller will still wait, if known.
     pub async fn check(

@@ -139,6 +139,7 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
+    let _summaries = AbortOnDrop(tokio::spawn(write_fallback_summaries(limiter.clone())));
     let service = RateLimiterServer::new(RateLimitService::new(
         limiter,
         options.admin.clone(),
@@ -178,6 +179,26 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// Writes the fallback log's summary lines every interval, whether or not more
+/// fallbacks come (`fallback::FallbackLog`).
+async fn write_fallback_summaries(limiter: Arc<Limiter>) {
+    let mut every = tokio::time::interval(crate::fallback::LOG_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        limiter.flush_fallback_log();
+    }
+}
+
+/// Stops a background task when the server it serves stops, however `serve` returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn mark_not_serving(health: &HealthReporter) {
