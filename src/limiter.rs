@@ -296,7 +296,17 @@ impl Limiter {
             .bounded(budget, self.store.peek(limit, key, window))
             .await
         {
-            Ok(state) => Ok(Decision::from_state(limit, now, state, Source::Store)),
+            Ok(state) => {
+                // A fresh count with room in it contradicts a cached refusal (a Reset
+                // through another instance): drop the refusal, so the next Check asks
+                // the store instead of refusing what this Peek just reported as left.
+                if let Some(remote) = &self.remote
+                    && state.count < limit.requests
+                {
+                    remote.deny.clear(limit, key);
+                }
+                Ok(Decision::from_state(limit, now, state, Source::Store))
+            }
             Err(e) => Ok(self.fallback.peek(limit, key, &e)),
         }
     }

@@ -174,3 +174,63 @@ async fn a_reset_through_one_instance_frees_the_key_on_another_within_two_second
     let took = reset_at.elapsed();
     eprintln!("measured: B admitted again {took:?} after the reset through A");
 }
+
+/// After a Reset through A, a Peek on B reads the fresh count and reports the attempts
+/// left; B's next Check must then agree with it instead of refusing from its cache.
+#[tokio::test]
+async fn a_peek_that_finds_room_after_a_reset_lifts_the_cached_refusal() {
+    let emu = rtdb::emulator().await;
+    let clock: SharedClock = Arc::new(FromT0(Instant::now()));
+    let signin =
+        limits("[[limit]]\nname = \"signin\"\nrequests = 5\nwindow = \"15m\"\ndefault = true\n");
+    let mut a = instance(&emu, signin.clone(), clock.clone()).await;
+    let mut b = instance(&emu, signin, clock).await;
+    let user = "bob@example.com";
+    for _ in 0..6 {
+        b.client.check(req("signin", user, 1)).await.expect("check");
+    }
+    let r = b.client.check(req("signin", user, 1)).await.expect("check");
+    assert_eq!(
+        r.into_inner().source(),
+        Source::DenyCache,
+        "B refuses from its cache"
+    );
+
+    let mut reset = tonic::Request::new(ResetRequest {
+        key: user.into(),
+        limit: "signin".into(),
+    });
+    reset.metadata_mut().insert(
+        "authorization",
+        "Bearer admin-token".parse().expect("ascii"),
+    );
+    assert!(
+        a.client
+            .reset(reset)
+            .await
+            .expect("reset")
+            .into_inner()
+            .shared
+    );
+
+    let peek = ratelimit::pb::PeekRequest {
+        key: user.into(),
+        limit: "signin".into(),
+    };
+    let p = b.client.peek(peek).await.expect("peek").into_inner();
+    assert_eq!(
+        (p.allowed, p.remaining, p.source()),
+        (true, 5, Source::Store)
+    );
+    let r = b
+        .client
+        .check(req("signin", user, 1))
+        .await
+        .expect("check")
+        .into_inner();
+    assert_eq!(
+        (r.allowed, r.remaining, r.source()),
+        (true, 4, Source::Store),
+        "the Check right after the Peek agrees with it: {r:?}"
+    );
+}
