@@ -227,6 +227,40 @@ pub fn admit_cost(count: &mut u32, limit: u32, cost: u32) -> Outcome {
     }
 }
 
+/// How many windows ahead of a caller's a *shared* counter may be and still count for it.
+/// Instance clocks differ by milliseconds, so a check computed just before a boundary may
+/// meet a counter another instance already moved to the next window (counted there,
+/// never overwritten: windows only move forward). A counter further ahead was written by
+/// a clock that is wrong, or by hand; adopting it would publish a reset hours or days
+/// away and refuse the key until then, so it is treated as absent ([`within_reach`]) and
+/// the next admitted check replaces it.
+pub const MAX_WINDOWS_AHEAD: i64 = 1;
+
+/// `stored`, a shared store's counter, as a caller in `window` may use it: `None` when it
+/// holds a window more than [`MAX_WINDOWS_AHEAD`] ahead (logged as a warning at `path`
+/// when `log`: a clock in the fleet is wrong).
+pub fn within_reach(
+    stored: Option<WindowCount>,
+    window: i64,
+    path: &str,
+    log: bool,
+) -> Option<WindowCount> {
+    match stored {
+        Some(s) if s.window.saturating_sub(window) > MAX_WINDOWS_AHEAD => {
+            if log {
+                tracing::warn!(
+                    node = path,
+                    stored_window = s.window,
+                    window,
+                    "counter holds a window too far ahead of this instance's clock; replacing it (check the clocks of the fleet)"
+                );
+            }
+            None
+        }
+        other => other,
+    }
+}
+
 /// The count that `stored` means for a reader in `window`.
 pub fn visible_count(stored: Option<WindowCount>, window: i64) -> WindowCount {
     match stored {
@@ -241,6 +275,35 @@ mod tests {
 
     fn allowed(outcomes: &[Outcome]) -> Vec<bool> {
         outcomes.iter().map(|o| o.allowed).collect()
+    }
+
+    #[test]
+    fn a_shared_counter_one_window_ahead_counts_and_one_further_is_set_aside() {
+        let at = |window| Some(WindowCount { window, count: 7 });
+        assert_eq!(
+            within_reach(at(11), 10, "p", false),
+            at(11),
+            "a boundary race"
+        );
+        assert_eq!(within_reach(at(10), 10, "p", false), at(10));
+        assert_eq!(
+            within_reach(at(3), 10, "p", false),
+            at(3),
+            "older: apply_batch's"
+        );
+        assert_eq!(within_reach(at(12), 10, "p", false), None);
+        assert_eq!(within_reach(at(i64::MAX), 10, "p", false), None);
+        let (next, out) = apply_batch(within_reach(at(10_000), 10, "p", false), 10, 5, &[1]);
+        assert_eq!(
+            (next, out[0].allowed),
+            (
+                WindowCount {
+                    window: 10,
+                    count: 1
+                },
+                true
+            )
+        );
     }
 
     #[test]

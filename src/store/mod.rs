@@ -37,6 +37,6 @@ pub mod rtdb;
 
 pub use counter::{
     Admission, CounterStore, Outcome, StoreError, WindowCount, apply_batch, deadline,
-    visible_count, with_deadline, within,
+    visible_count, with_deadline, within, within_reach,
 };
 pub use memory::MemoryStore;

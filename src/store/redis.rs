@@ -13,7 +13,8 @@
 //! - **The arithmetic is `apply_batch`'s.** The script's answer carries the value it read;
 //!   the outcomes are computed from it by [`apply_batch`], and the script's own result
 //!   must agree with it or the call is [`StoreError::Malformed`]. Windows only move
-//!   forward: a counter already in a newer window is counted there.
+//!   forward: a counter already in a newer window is counted there (up to
+//!   [`MAX_WINDOWS_AHEAD`]; one further ahead is replaced, `within_reach`).
 //! - **Layout.** One string per `(limit, key)`: `{prefix}{{limit}:{encoded key}}` holding
 //!   `"<window>:<count>"`. The braces are a Redis Cluster hash tag, so a key's counter
 //!   always lives on one slot; [`encode`] percent-escapes `%`, `{`, `}`, `:`, control and
@@ -35,7 +36,8 @@
 use crate::clock::SharedClock;
 use crate::limits::Limit;
 use crate::store::counter::{
-    Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count,
+    Admission, CounterStore, MAX_WINDOWS_AHEAD, StoreError, WindowCount, apply_batch,
+    visible_count, within_reach,
 };
 use async_trait::async_trait;
 use link::{Link, is_auth};
@@ -52,7 +54,7 @@ mod link;
 pub const GRACE: Duration = Duration::from_secs(5);
 
 /// The admission script. `KEYS[1]`: the counter. ARGV: window, limit, now_ms, window_ms,
-/// grace_ms, then the costs in order. Answers `{had, stored_window, stored_count,
+/// grace_ms, [`MAX_WINDOWS_AHEAD`], then the costs in order. Answers `{had, stored_window, stored_count,
 /// window, count}`; writes only when something was admitted.
 pub const ADMIT: &str = r#"
 local raw = redis.pcall('GET', KEYS[1])
@@ -66,9 +68,9 @@ if raw then
   had, sw, sc = 1, tonumber(w), tonumber(c)
 end
 local w, c = window, 0
-if had == 1 and sw >= window then w, c = sw, sc end
+if had == 1 and sw >= window and sw - window <= tonumber(ARGV[6]) then w, c = sw, sc end
 local admitted = false
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   local cost = tonumber(ARGV[i])
   if c + cost <= limit then c = c + cost; admitted = true end
 end
@@ -354,6 +356,7 @@ impl CounterStore for RedisStore {
             .arg(window)
             .arg(limit.requests)
             .arg(&self.ttl_args(limit)[..])
+            .arg(MAX_WINDOWS_AHEAD)
             .arg(costs);
         let reply: Vec<i64> = self
             .call("EVALSHA", &rkey, true, |mut c| async move {
@@ -369,6 +372,7 @@ impl CounterStore for RedisStore {
         };
         let count = u32::try_from(sc).map_err(|_| malformed(format!("count {sc}")))?;
         let stored = (had == 1).then_some(WindowCount { window: sw, count });
+        let stored = within_reach(stored, window, &rkey, true);
         let (next, outcomes) = apply_batch(stored, window, limit.requests, costs);
         if (i64::from(next.count), next.window) != (c, w) {
             return Err(malformed(format!(
@@ -392,7 +396,10 @@ impl CounterStore for RedisStore {
                 detail: "not a window:count value".into(),
             })?),
         };
-        Ok(visible_count(stored, window))
+        Ok(visible_count(
+            within_reach(stored, window, &rkey, false),
+            window,
+        ))
     }
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {

@@ -10,7 +10,7 @@
 //!   current value and tag: recompute and retry without a read.
 //! - **The write replaces the node**, so writing window `w` removes the previous window in
 //!   the same round trip. A node already holding a newer window is counted in that window
-//!   (`apply_batch`): windows only move forward.
+//!   (`apply_batch`): windows only move forward, by up to one window (`within_reach`).
 //! - **Attempts are capped** ([`DEFAULT_MAX_ATTEMPTS`]); a retry after a `412` goes out at
 //!   once, with no jitter (a loser that waits loses again: BENCHMARKS.md §4);
 //!   running out is [`StoreError::Contention`].
@@ -42,7 +42,7 @@ pub mod target;
 use crate::clock::SharedClock;
 use crate::limits::Limit;
 use crate::store::counter::{
-    Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count,
+    Admission, CounterStore, StoreError, WindowCount, apply_batch, visible_count, within_reach,
 };
 use async_trait::async_trait;
 use auth::TokenSource;
@@ -371,7 +371,9 @@ impl RtdbStore {
         window: i64,
         costs: &[u32],
     ) -> Result<Admission, StoreError> {
-        self.transaction(&self.node(limit, key), |stored| {
+        let node = self.node(limit, key);
+        self.transaction(&node, |stored| {
+            let stored = within_reach(stored, window, &node.shown, true);
             let (next, outcomes) = apply_batch(stored, window, limit.requests, costs);
             let write = outcomes.iter().any(|o| o.allowed).then_some(next);
             let admission = Admission {
@@ -427,8 +429,10 @@ impl CounterStore for RtdbStore {
     }
 
     async fn peek(&self, limit: &Limit, key: &str, window: i64) -> Result<WindowCount, StoreError> {
-        let node = self.read(&self.node(limit, key)).await?;
-        Ok(visible_count(node.value, window))
+        let target = self.node(limit, key);
+        let node = self.read(&target).await?;
+        let stored = within_reach(node.value, window, &target.shown, false);
+        Ok(visible_count(stored, window))
     }
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
