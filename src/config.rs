@@ -180,8 +180,8 @@ pub struct ServeArgs {
     /// Threads deciding. 1 (the default): one current-thread runtime, the steadiest tail
     /// and the lowest cost per call measured (BENCHMARKS.md §12). N > 1: a multi-thread
     /// runtime of N workers; 0: one worker per core the process may use.
-    #[arg(long, env = "RATELIMIT_WORKERS", default_value_t = 1)]
-    pub workers: usize,
+    #[arg(long, env = "RATELIMIT_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..=MAX_WORKERS))]
+    pub workers: u16,
 
     /// Calls served at once; past it calls fail fast with RESOURCE_EXHAUSTED (load shedding).
     #[arg(long, env = "RATELIMIT_MAX_IN_FLIGHT", default_value_t = 2_048, value_parser = clap::value_parser!(u32).range(1..))]
@@ -205,7 +205,7 @@ pub struct ServeArgs {
     pub log_format: Option<LogFormat>,
 
     /// Log filter, e.g. `info`, `debug`, `ratelimit=debug,info`.
-    #[arg(long, env = "RATELIMIT_LOG", default_value = "info")]
+    #[arg(long, env = "RATELIMIT_LOG", default_value = "info", value_parser = parse_log_filter)]
     pub log: String,
 
     /// Memory for every cache and window map (counters in memory mode, fallback windows,
@@ -270,6 +270,53 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} must be longer than zero"));
     }
     Ok(d)
+}
+
+/// Warns of timeouts that work against each other: a check still waiting for the store
+/// when the drain ends gets no answer at all (the connection closes), and Cloud Run kills
+/// the process 10 s after SIGTERM whatever the drain timeout says.
+pub fn warn_about_timeouts(args: &ServeArgs) {
+    if args.store_timeout >= args.drain_timeout {
+        tracing::warn!(
+            store_timeout = ?args.store_timeout,
+            drain_timeout = ?args.drain_timeout,
+            "--store-timeout is not below --drain-timeout: checks waiting on a slow store at shutdown get no answer"
+        );
+    }
+    if std::env::var_os("K_SERVICE").is_some() && args.drain_timeout >= Duration::from_secs(10) {
+        tracing::warn!(
+            drain_timeout = ?args.drain_timeout,
+            "--drain-timeout is not below Cloud Run's 10 s between SIGTERM and SIGKILL"
+        );
+    }
+}
+
+/// The most `--workers` accepted: far more threads than any instance has cores, and few
+/// enough that the OS can always start them (the runtime aborts when it cannot).
+pub const MAX_WORKERS: i64 = 1_024;
+
+/// A `--log` filter, refused at startup when it would silence the service: bad syntax,
+/// nothing at all, or a bare word that is not a level (`debugg` is a *target* to
+/// `EnvFilter`, which then logs nothing else).
+pub fn parse_log_filter(s: &str) -> Result<String, String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let spec = s.trim();
+    if spec.is_empty() {
+        return Err("is empty; use a level such as info, or e.g. ratelimit=debug,info".into());
+    }
+    for directive in spec.split(',').map(str::trim) {
+        if !directive.contains(['=', '[', ':'])
+            && !LEVELS.contains(&directive.to_ascii_lowercase().as_str())
+        {
+            return Err(format!(
+                "{directive:?} is not a level ({}); to name a target, write target=level",
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(spec)
+        .map(|_| spec.to_owned())
+        .map_err(|e| format!("{spec:?} is not a log filter: {e}"))
 }
 
 /// The Firebase convention for pointing clients at a database emulator (`host:port`).
@@ -390,58 +437,4 @@ pub async fn build_limiter(args: &ServeArgs, clock: SharedClock) -> Result<Limit
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_accept_fractions_and_units() {
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1_500)));
-        assert_eq!(parse_duration("800ms"), Ok(Duration::from_millis(800)));
-        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("-1.5s").is_err());
-        assert!(parse_duration("soon").is_err());
-    }
-
-    #[test]
-    fn default_listen_address_is_all_interfaces_on_port() {
-        let cli = Cli::try_parse_from(["ratelimit", "serve", "--port", "6000"]).expect("parses");
-        let Command::Serve(args) = cli.command else {
-            panic!("serve expected");
-        };
-        assert_eq!(
-            args.listen_addr().ok().map(|a| a.to_string()).as_deref(),
-            Some("0.0.0.0:6000")
-        );
-        assert_eq!(args.store_timeout, Duration::from_millis(1_500));
-        assert_eq!(
-            args.memory_limit,
-            crate::memory_budget::DEFAULT_MEMORY_LIMIT
-        );
-        let e = Cli::try_parse_from(["ratelimit", "serve", "--memory-limit", "lots"])
-            .expect_err("refused")
-            .to_string();
-        assert!(e.contains("\"lots\" is not a size like 256MiB"), "{e}");
-        assert_eq!(args.deny_trust, Duration::from_secs(1));
-        assert_eq!(args.workers, 1, "one thread decides unless told otherwise");
-        let e = Cli::try_parse_from(["ratelimit", "serve", "--workers", "two"])
-            .expect_err("refused")
-            .to_string();
-        assert!(e.contains("--workers"), "{e}");
-    }
-
-    #[test]
-    fn workers_choose_the_runtime() {
-        use tokio::runtime::RuntimeFlavor;
-        let flavor = |n| crate::server::runtime(n).map(|rt| rt.handle().runtime_flavor());
-        assert_eq!(flavor(1).ok(), Some(RuntimeFlavor::CurrentThread));
-        assert_eq!(flavor(2).ok(), Some(RuntimeFlavor::MultiThread));
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let per_core = if cores > 1 {
-            RuntimeFlavor::MultiThread
-        } else {
-            RuntimeFlavor::CurrentThread
-        };
-        assert_eq!(flavor(0).ok(), Some(per_core));
-    }
-}
+mod tests;

@@ -207,16 +207,11 @@ impl Limits {
 
     /// Validates `limits`; `default` names the default limit. `origin` names the source in errors.
     pub fn new(origin: &str, limits: Vec<Limit>, default: &str) -> Result<Self, LimitsError> {
-        let mut seen = HashSet::new();
         for l in &limits {
             validate(origin, l)?;
-            if !seen.insert(l.name.clone()) {
-                return Err(invalid(
-                    origin,
-                    &l.name,
-                    "duplicate name; each limit needs its own",
-                ));
-            }
+        }
+        if let Some(name) = duplicate(limits.iter().map(|l| &*l.name)) {
+            return Err(invalid(origin, name, DUPLICATE));
         }
         let default = limits
             .iter()
@@ -242,6 +237,11 @@ impl Limits {
                 origin: origin.to_owned(),
                 problem: "no limits defined; add at least one [[limit]] table".into(),
             });
+        }
+        // Before the default: two limits of one name and no default is a duplicate name,
+        // not a missing default.
+        if let Some(name) = duplicate(spec.limit.iter().map(|l| l.name.as_str())) {
+            return Err(invalid(origin, name, DUPLICATE));
         }
         let defaults: Vec<&str> = spec
             .limit
@@ -273,16 +273,7 @@ impl Limits {
         for s in spec.limit {
             let requests = u32::try_from(s.requests)
                 .map_err(|_| invalid(origin, &s.name, &requests_rule(s.requests)))?;
-            let window = humantime::parse_duration(s.window.trim()).map_err(|e| {
-                invalid(
-                    origin,
-                    &s.name,
-                    &format!(
-                        "window {:?} is not a duration like \"60s\", \"15m\" or \"1h\" ({e})",
-                        s.window
-                    ),
-                )
-            })?;
+            let window = parse_window(&s.window).map_err(|e| invalid(origin, &s.name, &e))?;
             limits.push(Limit::new(&s.name, requests, window).with_policy(s.on_store_failure));
         }
         Self::new(origin, limits, &default)
@@ -341,7 +332,7 @@ impl Limits {
                     "{}={}/{}{} on_store_failure={}",
                     l.name,
                     l.requests,
-                    humantime::format_duration(l.window()),
+                    format_window(l.window()),
                     mark,
                     l.on_store_failure
                 )
@@ -349,6 +340,14 @@ impl Limits {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+const DUPLICATE: &str = "duplicate name; each limit needs its own";
+
+/// The first name that occurs twice.
+fn duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let mut seen = HashSet::new();
+    names.into_iter().find(|n| !seen.insert(*n))
 }
 
 fn requests_rule(got: i64) -> String {
@@ -390,11 +389,51 @@ fn validate(origin: &str, l: &Limit) -> Result<(), LimitsError> {
             &l.name,
             &format!(
                 "window must be whole seconds between 1s and 31 days, got {}",
-                humantime::format_duration(window)
+                format_window(window)
             ),
         ));
     }
     Ok(())
+}
+
+/// A limit's window from the file. humantime's units, except months and years: they are
+/// not fixed lengths (humantime takes a month as 30.44 days), and `"1M"` is a month where
+/// an operator may well have meant a minute.
+fn parse_window(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let calendar = text
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .find(|unit| matches!(*unit, "M" | "month" | "months" | "y" | "year" | "years"));
+    if let Some(unit) = calendar {
+        return Err(format!(
+            "window {text:?} uses {unit:?} (months or years, not fixed lengths); write days, e.g. \"30d\" (minutes are \"m\")"
+        ));
+    }
+    humantime::parse_duration(text).map_err(|e| {
+        format!("window {text:?} is not a duration like \"60s\", \"15m\" or \"1h\" ({e})")
+    })
+}
+
+/// A window as days, hours, minutes and seconds (`1d 2h`, `90s` as `1m 30s`): humantime
+/// shows 31 days as "1month 13h 26m 24s".
+pub fn format_window(window: Duration) -> String {
+    let secs = window.as_secs();
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs / 3_600 % 24, "h"),
+        (secs / 60 % 60, "m"),
+        (secs % 60, "s"),
+    ];
+    let text: Vec<String> = parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect();
+    if text.is_empty() {
+        format!("{}ms", window.as_millis())
+    } else {
+        text.join(" ")
+    }
 }
 
 #[cfg(test)]

@@ -74,7 +74,12 @@ pub fn init(format: LogFormat, spec: &str) {
     let result = match format {
         LogFormat::Json => registry.with(tracing_stackdriver::layer()).try_init(),
         LogFormat::Text => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    // Colour codes only for a terminal, not for a file or a pipe.
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+            )
             .try_init(),
     };
     if let Err(e) = result {

@@ -20,7 +20,7 @@ fn main() -> ExitCode {
                         "{}\t{} per {}\ton_store_failure={}{}",
                         l.name,
                         l.requests,
-                        humantime::format_duration(l.window()),
+                        ratelimit::limits::format_window(l.window()),
                         l.on_store_failure,
                         if l.name == limits.default_limit().name {
                             "\t(default)"
@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         },
         Command::Serve(args) => {
             ratelimit::logging::init(args.log_format(), &args.log);
-            let runtime = match server::runtime(args.workers) {
+            let runtime = match server::runtime(usize::from(args.workers)) {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("error: cannot start the async runtime: {e}");
@@ -71,6 +71,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|t| AdminToken::new(&t));
     let addr = args.listen_addr()?;
     let incoming = server::bind(addr)?;
+    config::warn_about_timeouts(&args);
     tracing::info!(
         listen = %addr,
         store = limiter.store_name(),

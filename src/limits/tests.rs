@@ -212,3 +212,32 @@ fn names_are_plain_path_segments_within_the_budget() {
         );
     }
 }
+
+#[test]
+fn months_and_years_are_refused_as_windows_and_windows_show_in_fixed_units() {
+    for window in ["1M", "1month", "2 months", "1y", "1year"] {
+        let text = format!("[[limit]]\nname = \"m\"\nrequests = 1\nwindow = \"{window}\"\n");
+        let e = parse(&text).expect_err(window).to_string();
+        assert!(e.contains("write days"), "{window}: {e}");
+    }
+    let ok = parse("[[limit]]\nname = \"m\"\nrequests = 1\nwindow = \"1m 30s\"\n").expect("ok");
+    assert_eq!(ok.default_limit().window(), Duration::from_secs(90));
+    assert_eq!(format_window(Duration::from_secs(90)), "1m 30s");
+    assert_eq!(format_window(Duration::from_secs(31 * 86_400)), "31d");
+    assert_eq!(format_window(Duration::from_secs(86_400 + 7_200)), "1d 2h");
+    assert_eq!(format_window(Duration::from_millis(500)), "500ms");
+    let e = parse("[[limit]]\nname = \"m\"\nrequests = 1\nwindow = \"32d\"\n")
+        .expect_err("too long")
+        .to_string();
+    assert!(e.contains("got 32d"), "{e}");
+}
+
+#[test]
+fn two_limits_of_one_name_and_no_default_is_a_duplicate_name() {
+    let e = parse(
+        "[[limit]]\nname = \"a\"\nrequests = 1\nwindow = \"1s\"\n[[limit]]\nname = \"a\"\nrequests = 2\nwindow = \"1s\"\n",
+    )
+    .expect_err("duplicate")
+    .to_string();
+    assert!(e.contains("duplicate name"), "{e}");
+}
