@@ -148,7 +148,7 @@ pub async fn serve(
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
-    let reporter = health.clone();
+    let mut reporter = health.clone();
     let (draining, drain_started) = tokio::sync::oneshot::channel::<()>();
     let server = Server::builder()
         .http2_keepalive_interval(Some(options.keepalive_interval))
@@ -161,7 +161,7 @@ pub async fn serve(
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
-            mark_not_serving(&reporter).await;
+            mark_not_serving(&mut reporter).await;
             let _ = draining.send(());
         });
     tokio::pin!(server);
@@ -201,13 +201,20 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn mark_not_serving(health: &HealthReporter) {
+async fn mark_not_serving(health: &mut HealthReporter) {
     health
         .set_not_serving::<RateLimiterServer<RateLimitService>>()
         .await;
     health
         .set_service_status("", ServingStatus::NotServing)
         .await;
+    // Then end the `Health/Watch` streams (each still delivers the NOT_SERVING just
+    // sent): an open stream never ends by itself and would hold the drain open for the
+    // whole --drain-timeout after the last call has finished.
+    let rpc = <RateLimiterServer<RateLimitService> as tonic::server::NamedService>::NAME;
+    for service in [rpc, ""] {
+        health.clear_service_status(service).await;
+    }
 }
 
 /// A server running in the background; for tests, benchmarks and embedding.
