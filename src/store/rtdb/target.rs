@@ -74,13 +74,18 @@ impl Target {
         if url.path() != "/" && !url.path().is_empty() {
             return Err(bad("must not have a path"));
         }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(bad(
+                "must not have a query or fragment (the database is named by the host)",
+            ));
+        }
         let given = root;
-        let root: Vec<String> = given
-            .split('/')
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
-        if root.is_empty()
+        // One leading or trailing `/` is how paths are often written; an empty segment
+        // inside (`a//b`) is a typo, refused rather than silently joined.
+        let trimmed = given.strip_prefix('/').unwrap_or(given);
+        let trimmed = trimmed.strip_suffix('/').unwrap_or(trimmed);
+        let root: Vec<String> = trimmed.split('/').map(str::to_owned).collect();
+        if root.iter().any(String::is_empty)
             || root.len() > MAX_ROOT_DEPTH
             || root.join("/").len() > keys::MAX_ROOT_BYTES
             || !root.iter().all(|s| keys::is_plain_segment(s))
@@ -215,6 +220,7 @@ mod tests {
         assert!(e("http://proj.firebaseio.com").contains("production needs https"));
         assert!(e("https://example.com").contains("not a Realtime Database host"));
         assert!(e("https://proj.firebaseio.com/x").contains("must not have a path"));
+        assert!(e("https://proj.firebaseio.com/?ns=other").contains("must not have a query"));
         assert!(e("nonsense").contains("database URL \"nonsense\""));
         let h = |v: &str| {
             Target::new("https://p.firebaseio.com", Some(v), "rateLimits")
@@ -233,6 +239,9 @@ mod tests {
             "ключ",
             "",
             "/",
+            "a//b",
+            "//a",
+            "a//",
             &too_long,
             &too_deep,
         ] {
@@ -240,6 +249,9 @@ mod tests {
                 Err(TargetError::Root { root }) => assert_eq!(root, bad),
                 other => panic!("{bad:?}: {other:?}"),
             }
+        }
+        for good in ["/rateLimits", "rateLimits/", "a/b"] {
+            assert!(root(good).is_ok(), "{good:?}");
         }
         let e = root("a b").expect_err("refused").to_string();
         assert!(e.contains("A-Z a-z 0-9 _ -"), "{e}");
