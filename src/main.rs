@@ -66,6 +66,7 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let clock = ratelimit::clock::system();
     let limiter = Arc::new(config::build_limiter(&args, clock).await?);
+    ratelimit::metrics::register_limits(limiter.limits().iter().map(|l| &*l.name));
     let admin = std::env::var(config::ADMIN_TOKEN_ENV)
         .ok()
         .and_then(|t| AdminToken::new(&t));

@@ -3,6 +3,9 @@
 //!
 //! The `metrics` facade costs next to nothing while no recorder is installed (tests,
 //! the client library), so instrumented code calls these helpers unconditionally.
+//! With the endpoint on, every metric has a `# HELP` line, and the series an alert takes
+//! a `rate()` of (`ratelimit_shed_total`, contention per configured limit) exist at 0
+//! from startup instead of appearing at their first event.
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -126,6 +129,54 @@ pub fn fallback(limit: &str, reason: &'static str) {
     counter!(FALLBACKS, "limit" => limit.to_owned(), "reason" => reason).increment(1);
 }
 
+/// The `# HELP` lines: what each metric counts, as the table above says.
+#[cfg(feature = "server")]
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        DECISIONS,
+        "Decisions by limit, outcome and where they came from (source)."
+    );
+    describe_counter!(
+        FALLBACKS,
+        "Decisions made without the shared store (shared=false), by limit and store error kind."
+    );
+    describe_counter!(
+        CONTENTION_DENIALS,
+        "Checks denied because every write they had time for lost a race; the store was answering."
+    );
+    describe_histogram!(
+        STORE_DURATION,
+        Unit::Seconds,
+        "Store requests by operation and status."
+    );
+    describe_counter!(STORE_ERRORS, "Failed store calls by kind.");
+    describe_gauge!(
+        BREAKER_STATE,
+        "The store circuit breaker: 0 closed, 1 half-open, 2 open."
+    );
+    describe_counter!(
+        BREAKER_TRANSITIONS,
+        "Circuit breaker transitions by the state entered."
+    );
+    describe_gauge!(IN_FLIGHT, "RateLimiter calls in flight.");
+    describe_counter!(
+        SHED,
+        "Calls refused at the concurrency limit (RESOURCE_EXHAUSTED)."
+    );
+    describe_counter!(
+        EVICTIONS,
+        "Entries evicted for the memory budget, by cache."
+    );
+}
+
+/// Starts the per-limit series at 0 (see `serve`); a no-op without a recorder.
+pub fn register_limits<'a>(names: impl IntoIterator<Item = &'a str>) {
+    for name in names {
+        counter!(CONTENTION_DENIALS, "limit" => name.to_owned()).absolute(0);
+    }
+}
+
 /// Counts one check denied for contention (not a fallback: the store was answering).
 pub fn contention_denied(limit: &str) {
     counter!(CONTENTION_DENIALS, "limit" => limit.to_owned()).increment(1);
@@ -203,8 +254,11 @@ pub async fn serve(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
         .map_err(|e| MetricsError::Install(e.to_string()))?;
     // Handles cached before the recorder existed are no-ops: register them anew.
     *handles_mut() = Handles::default();
-    // Gauges exist from the start, so a dashboard sees 0 rather than "no data".
+    describe();
+    // Series exist from the start, so a dashboard or a `rate()` alert sees 0 rather than
+    // "no data" (per-limit series: `register_limits`).
     gauge!(IN_FLIGHT).set(0.0);
+    counter!(SHED).absolute(0);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| MetricsError::Bind { addr, source })?;

@@ -191,6 +191,18 @@ async fn metrics_count_decisions_store_latency_errors_fallbacks_and_breaker() {
         Some(0.0),
         "closed, from the start:\n{before}"
     );
+    // Series an alert takes a rate() of exist at 0 before anything happened, with HELP.
+    assert_eq!(
+        metric(&before, "ratelimit_shed_total"),
+        Some(0.0),
+        "{before}"
+    );
+    assert_eq!(
+        metric(&before, "ratelimit_contention_denials_total{limit=\"mcp\"}"),
+        Some(0.0),
+        "{before}"
+    );
+    assert!(before.contains("# HELP ratelimit_shed_total"), "{before}");
     let mut c = p.client().await;
     for _ in 0..3 {
         assert!(
