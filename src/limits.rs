@@ -423,6 +423,7 @@ pub fn format_window(window: Duration) -> String {
         (secs / 3_600 % 24, "h"),
         (secs / 60 % 60, "m"),
         (secs % 60, "s"),
+        (u64::from(window.subsec_millis()), "ms"),
     ];
     let text: Vec<String> = parts
         .iter()
@@ -430,7 +431,7 @@ pub fn format_window(window: Duration) -> String {
         .map(|(n, unit)| format!("{n}{unit}"))
         .collect();
     if text.is_empty() {
-        format!("{}ms", window.as_millis())
+        "0s".to_owned()
     } else {
         text.join(" ")
     }

@@ -226,6 +226,8 @@ fn months_and_years_are_refused_as_windows_and_windows_show_in_fixed_units() {
     assert_eq!(format_window(Duration::from_secs(31 * 86_400)), "31d");
     assert_eq!(format_window(Duration::from_secs(86_400 + 7_200)), "1d 2h");
     assert_eq!(format_window(Duration::from_millis(500)), "500ms");
+    assert_eq!(format_window(Duration::from_millis(1_500)), "1s 500ms");
+    assert_eq!(format_window(Duration::ZERO), "0s");
     let e = parse("[[limit]]\nname = \"m\"\nrequests = 1\nwindow = \"32d\"\n")
         .expect_err("too long")
         .to_string();
