@@ -26,6 +26,11 @@
 //!   (`CounterStore::release`); at the latest it is gone with its window. What a lease can
 //!   withhold from other instances is therefore bounded by one share of what was left, for
 //!   at most `idle` after this instance's demand stops.
+//! - **A Reset elsewhere is noticed, never undone.** The counter always holds this
+//!   instance's hits (`Lease::ours`) on top of everyone else's, so a give-back leaves at
+//!   least the hits it admitted (`Lease::keep`): after a Reset through another instance
+//!   it cannot erase the hits counted since. And a write that finds the counter below
+//!   `ours` knows it was emptied, and drops the old reserve (`Lease::after_write`).
 
 use std::time::{Duration, Instant};
 
@@ -72,9 +77,55 @@ pub struct Lease {
     /// Hits not yet admitted.
     pub left: u32,
     /// The store's count right after this instance's last write (reserve included), so a
-    /// decision from the reserve reports `remaining = limit − count_seen`: never more than
-    /// the store has left.
+    /// decision from the reserve reports `remaining = limit − count_seen` as of that
+    /// write.
     pub count_seen: u32,
+    /// Hits this instance's writes counted in `window`, reserves included. The counter
+    /// holds at least `ours − left` hits this instance admitted, unless a Reset emptied it
+    /// since, so a give-back never lowers it below that ([`Lease::keep`]).
+    pub ours: u32,
+}
+
+impl Lease {
+    /// The lease after a write that counted `written` hits in `window` (`reserved` of them
+    /// a reserve) and left the counter at `count`. Even with no reserve the lease
+    /// remembers the count seen (it sizes the next one).
+    pub fn after_write(
+        before: Option<Lease>,
+        window: i64,
+        count: u32,
+        reserved: u32,
+        written: u32,
+    ) -> Lease {
+        let (held, ours) = before
+            .filter(|l| l.window == window)
+            .map_or((0, 0), |l| (l.left, l.ours));
+        let ours = ours.saturating_add(written);
+        // The counter holds every hit this instance's writes counted in the window (and
+        // has not given back) on top of everyone else's. Holding fewer, it was emptied by
+        // a Reset through another instance since, taking this instance's earlier hits and
+        // unspent reserve with it: of ours it now holds this write's alone.
+        let (left, ours) = if count < ours {
+            (reserved, written)
+        } else {
+            (held.saturating_add(reserved), ours)
+        };
+        Lease {
+            window,
+            left,
+            count_seen: count,
+            ours,
+        }
+    }
+
+    /// What a give-back must leave in the counter: the hits this instance admitted in the
+    /// window. Every other instance's hits and reserves are in the counter on top of them,
+    /// so a give-back without a Reset since always returns the whole unspent reserve; after
+    /// a Reset through another instance (the counter restarted from 0), it returns only
+    /// what the fresh count holds beyond them, instead of erasing that instance's hits.
+    pub fn keep(&self) -> u32 {
+        self.ours.saturating_sub(self.left)
+    }
 }
 
 /// A key's local demand, measured between store writes.
@@ -213,6 +264,27 @@ impl Demand {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_keeps_what_it_admitted_and_forgets_what_a_reset_elsewhere_took() {
+        // Two writes: 10 checks + a reserve of 20, then 5 checks + a refill of 10; 12 of
+        // the reserve spent in between. Others' hits make up the rest of the count.
+        let first = Lease::after_write(None, 7, 50, 20, 30);
+        assert_eq!((first.left, first.ours, first.keep()), (20, 30, 10));
+        let spent = Lease { left: 8, ..first };
+        let second = Lease::after_write(Some(spent), 7, 90, 10, 15);
+        assert_eq!((second.left, second.ours, second.keep()), (18, 45, 27));
+        // The next write finds the counter below what this instance alone put in it: a
+        // Reset elsewhere emptied it. Only this write's hits are ours now.
+        let after_reset = Lease::after_write(Some(second), 7, 20, 6, 8);
+        assert_eq!(
+            (after_reset.left, after_reset.ours, after_reset.keep()),
+            (6, 8, 2)
+        );
+        // A new window starts afresh.
+        let next = Lease::after_write(Some(after_reset), 8, 3, 0, 3);
+        assert_eq!((next.left, next.ours, next.keep()), (0, 3, 3));
+    }
 
     /// Demand of `per_write` checks per write of `latency`, seen over `writes` writes.
     fn demand(per_write: u64, latency_ms: u64, writes: u32) -> Demand {

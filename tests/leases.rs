@@ -311,3 +311,61 @@ async fn a_check_that_only_loses_races_is_denied_not_admitted_locally() {
     // Lease decisions are reported with their own source name.
     assert_eq!(Source::Lease.as_str(), "lease");
 }
+
+/// A Reset through B empties the counter while A still holds an unspent reserve. When A's
+/// key goes quiet it gives the reserve back; that must not erase the hits B counted since
+/// the Reset (the counter no longer holds A's reserve at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_given_back_after_a_reset_elsewhere_does_not_erase_the_hits_counted_since() {
+    let limits = big_limit();
+    let emu = rtdb::emulator().await;
+    let clock = ManualClock::new(T0);
+    // A long idle, so the reserve is still out when the Reset comes.
+    let options = LimiterOptions {
+        lease: LeaseOptions {
+            idle: Duration::from_secs(1),
+            ..LeaseOptions::default()
+        },
+        ..LimiterOptions::default()
+    };
+    let a = rtdb::instance(&emu, limits.clone(), clock.clone(), options.clone()).await;
+    let mut b = rtdb::instance(&emu, limits, clock, options).await;
+    emu.faults().set_latency(Duration::from_millis(20));
+    let tally = hammer(std::slice::from_ref(&a), 16, 300, "big", "reset-lease").await;
+    assert_eq!(tally.admitted, 300, "{tally:?}");
+    let w = (T0 / WINDOW_MS) as i64;
+    let path = "rateLimits/big/reset-lease";
+    // Let a refill still in flight land (well inside the 1 s idle), so that A writes
+    // nothing more before its give-back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = emu.value(NS, path)[w.to_string()].as_u64().unwrap_or(0);
+    assert!(held > 300, "A holds a reserve: the node counts {held}");
+
+    b.limiter
+        .reset("big", "reset-lease", None)
+        .await
+        .expect("reset");
+    let puts = emu.stats().method("PUT");
+    for _ in 0..20 {
+        let r = b
+            .client
+            .check(req("big", "reset-lease", 1))
+            .await
+            .expect("check");
+        assert!(r.into_inner().allowed);
+    }
+
+    // A's key goes quiet: within its idle time (1 s) it gives back what it holds. (Had a
+    // refill of A's crossed the Reset, the node would also hold that new reserve until
+    // then; A then gives back exactly that one.)
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        emu.stats().method("PUT") > puts + 20,
+        "A tried to give its reserve back"
+    );
+    assert_eq!(
+        emu.value(NS, path),
+        json!({ w.to_string(): 20 }),
+        "B's 20 hits since the Reset are still counted"
+    );
+}

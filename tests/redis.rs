@@ -262,30 +262,35 @@ async fn release_gives_back_at_most_the_count_and_only_in_its_window() {
     let limit = mcp();
     let a = store.admit(&limit, "lease", W, &[10]).await.expect("admit");
     assert_eq!((a.window, a.outcomes[0].count), (W, 10));
-    assert!(store.release(&limit, "lease", W, 4).await.expect("release"));
+    assert!(
+        store
+            .release(&limit, "lease", W, 4, 0)
+            .await
+            .expect("release")
+    );
     assert_eq!(store.peek(&limit, "lease", W).await.expect("peek").count, 6);
     assert!(
         !store
-            .release(&limit, "lease", W - 1, 4)
+            .release(&limit, "lease", W - 1, 4, 0)
             .await
             .expect("old window")
     );
     assert!(
         !store
-            .release(&limit, "absent", W, 4)
+            .release(&limit, "absent", W, 4, 0)
             .await
             .expect("no counter")
     );
     assert!(
         store
-            .release(&limit, "lease", W, 100)
+            .release(&limit, "lease", W, 100, 0)
             .await
             .expect("more than counted")
     );
     assert_eq!(store.peek(&limit, "lease", W).await.expect("peek").count, 0);
     assert!(
         !store
-            .release(&limit, "lease", W, 1)
+            .release(&limit, "lease", W, 1, 0)
             .await
             .expect("nothing left")
     );
@@ -294,6 +299,22 @@ async fn release_gives_back_at_most_the_count_and_only_in_its_window() {
         pttl > 0 && pttl <= 50_000 + GRACE.as_millis() as i64,
         "PTTL {pttl}"
     );
+    // Never below `keep`: what the lease holder admitted itself stays counted.
+    store.admit(&limit, "kept", W, &[30]).await.expect("admit");
+    assert!(
+        store
+            .release(&limit, "kept", W, 25, 10)
+            .await
+            .expect("release")
+    );
+    assert_eq!(store.peek(&limit, "kept", W).await.expect("peek").count, 10);
+    assert!(
+        !store
+            .release(&limit, "kept", W, 5, 10)
+            .await
+            .expect("at keep")
+    );
+    assert_eq!(store.peek(&limit, "kept", W).await.expect("peek").count, 10);
 }
 
 #[tokio::test]

@@ -160,11 +160,12 @@ impl CounterStore for Guarded {
         key: &str,
         window: i64,
         hits: u32,
+        keep: u32,
     ) -> Result<bool, StoreError> {
         let writes = Some((limit, key));
         let (limit, key) = (limit.clone(), key.to_owned());
         self.call(writes, |s| async move {
-            s.release(&limit, &key, window, hits).await
+            s.release(&limit, &key, window, hits, keep).await
         })
         .await
     }

@@ -209,10 +209,15 @@ impl Runner {
                 } else {
                     0
                 };
+                let written = batch
+                    .iter()
+                    .zip(&outcomes)
+                    .filter(|(_, o)| o.allowed)
+                    .fold(reserved, |sum, (w, _)| sum.saturating_add(w.cost));
                 let raced = self
                     .store
                     .lost_race_since(&self.limit, &self.qkey.1, started);
-                let lease = self.record(admission.window, count, reserved, took, raced);
+                let lease = self.record(admission.window, count, reserved, written, took, raced);
                 let exhausted = count >= self.limit.requests && lease.is_none_or(|l| l.left == 0);
                 let mut unclaimed = 0;
                 for (w, o) in batch.into_iter().zip(outcomes) {
@@ -286,12 +291,14 @@ impl Runner {
         state.pending.extend(later);
     }
 
-    /// Records a successful write's result in the key's lease; returns the lease.
+    /// Records a successful write's result in the key's lease (`written`: the hits it
+    /// counted, reserve included); returns the lease.
     fn record(
         &self,
         window: i64,
         count: u32,
         reserved: u32,
+        written: u32,
         took: Duration,
         raced: bool,
     ) -> Option<Lease> {
@@ -299,16 +306,13 @@ impl Runner {
         let state = queues.get_mut(&self.qkey)?;
         state.demand.write_took(took, raced);
         state.last_activity = Instant::now();
-        let held = state
-            .lease
-            .filter(|l| l.window == window)
-            .map_or(0, |l| l.left);
-        // Even with no reserve, the lease remembers the count seen (it sizes the next one).
-        state.lease = Some(Lease {
+        state.lease = Some(Lease::after_write(
+            state.lease,
             window,
-            left: held + reserved,
-            count_seen: count,
-        });
+            count,
+            reserved,
+            written,
+        ));
         state.lease
     }
 
@@ -329,9 +333,13 @@ impl Runner {
     /// Returns an unspent reserve to the store. A failure only leaves the hits counted
     /// until the window ends (under-admission, never over-admission).
     async fn give_back(&self, lease: Lease) {
-        let call = self
-            .store
-            .release(&self.limit, &self.qkey.1, lease.window, lease.left);
+        let call = self.store.release(
+            &self.limit,
+            &self.qkey.1,
+            lease.window,
+            lease.left,
+            lease.keep(),
+        );
         match crate::store::within(self.call_timeout, call).await {
             Ok(_) => {}
             Err(e) => tracing::debug!(

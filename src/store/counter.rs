@@ -128,10 +128,11 @@ pub trait CounterStore: Send + Sync + 'static {
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError>;
 
     /// Gives back `hits` that were counted but never used (an unspent quota lease,
-    /// DESIGN §9): lowers the count of `(limit, key)` by at most `hits` (never below 0),
-    /// and only while the counter still holds `window`. Returns whether anything was given
-    /// back. A write whose outcome is unknown is not re-sent (giving back twice would
-    /// over-admit).
+    /// DESIGN §9): lowers the count of `(limit, key)` by at most `hits`, never below
+    /// `keep` (the hits the lease holder admitted: a counter holding less was emptied by a
+    /// Reset since, and what it holds now is others' hits, `Lease::keep`), and only while
+    /// the counter still holds `window`. Returns whether anything was given back. A write
+    /// whose outcome is unknown is not re-sent (giving back twice would over-admit).
     ///
     /// The default gives nothing back: the hits then stay counted until the window ends,
     /// which can only under-admit.
@@ -141,8 +142,9 @@ pub trait CounterStore: Send + Sync + 'static {
         key: &str,
         window: i64,
         hits: u32,
+        keep: u32,
     ) -> Result<bool, StoreError> {
-        let _ = (limit, key, window, hits);
+        let _ = (limit, key, window, hits, keep);
         Ok(false)
     }
     /// Whether a write to `(limit, key)` lost a race at or after `since`: the store

@@ -218,15 +218,16 @@ impl MemoryStore {
         })
     }
 
-    /// Lowers the count of `(limit, key)` in `window` by at most `hits`, if its counter
-    /// is in that window; the synchronous core of [`CounterStore::release`].
-    pub fn release_now(&self, limit: &Limit, key: &str, window: i64, hits: u32) -> bool {
+    /// Lowers the count of `(limit, key)` in `window` by at most `hits`, never below
+    /// `keep`, if its counter is in that window; the synchronous core of
+    /// [`CounterStore::release`].
+    pub fn release_now(&self, limit: &Limit, key: &str, window: i64, hits: u32, keep: u32) -> bool {
         let Some(slot) = self.find(limit, key) else {
             return false;
         };
         slot.cell.update(window, |seen| {
-            if seen.window == window && seen.count > 0 && hits > 0 {
-                (Some(seen.count - hits.min(seen.count)), true)
+            if seen.window == window && seen.count > keep && hits > 0 {
+                (Some(seen.count - hits.min(seen.count - keep)), true)
             } else {
                 (None, false)
             }
@@ -297,8 +298,9 @@ impl CounterStore for MemoryStore {
         key: &str,
         window: i64,
         hits: u32,
+        keep: u32,
     ) -> Result<bool, StoreError> {
-        Ok(self.release_now(limit, key, window, hits))
+        Ok(self.release_now(limit, key, window, hits, keep))
     }
 }
 

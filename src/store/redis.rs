@@ -82,8 +82,8 @@ return {had, sw, sc, w, c}
 "#;
 
 /// The give-back script (unspent quota leases). `KEYS[1]`: the counter. ARGV: window, hits,
-/// now_ms, window_ms, grace_ms. Lowers the count by at most `hits`, never below 0, only
-/// while the counter holds `window`. Answers 1 if it gave anything back.
+/// now_ms, window_ms, grace_ms, keep. Lowers the count by at most `hits`, never below
+/// `keep`, only while the counter holds `window`. Answers 1 if it gave anything back.
 pub const RELEASE: &str = r#"
 local raw = redis.pcall('GET', KEYS[1])
 if type(raw) == 'table' and raw.err then return redis.error_reply('MALFORMED ' .. raw.err) end
@@ -92,10 +92,11 @@ local w, c = string.match(raw, '^(%d+):(%d+)$')
 if not w then return redis.error_reply('MALFORMED not a window:count value') end
 local window, hits = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now, len, grace = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local keep = tonumber(ARGV[6])
 w, c = tonumber(w), tonumber(c)
-if w ~= window or c == 0 or hits == 0 then return 0 end
+if w ~= window or c <= keep or hits == 0 then return 0 end
 local ttl = math.max((w + 1) * len - now + grace, 1)
-redis.call('SET', KEYS[1], string.format('%d:%d', w, c - math.min(hits, c)), 'PX', string.format('%d', ttl))
+redis.call('SET', KEYS[1], string.format('%d:%d', w, c - math.min(hits, c - keep)), 'PX', string.format('%d', ttl))
 return 1
 "#;
 
@@ -414,13 +415,15 @@ impl CounterStore for RedisStore {
         key: &str,
         window: i64,
         hits: u32,
+        keep: u32,
     ) -> Result<bool, StoreError> {
         let rkey = self.redis_key(limit, key);
         let mut invocation = self.release.key(&rkey);
         invocation
             .arg(window)
             .arg(hits)
-            .arg(&self.ttl_args(limit)[..]);
+            .arg(&self.ttl_args(limit)[..])
+            .arg(keep);
         let released: i64 = self
             .call("EVALSHA", &rkey, true, |mut c| async move {
                 invocation.invoke_async(&mut c).await

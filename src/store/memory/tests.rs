@@ -52,14 +52,18 @@ fn release_gives_back_at_most_what_was_counted_in_that_window() {
     let l = Limit::new("t", 10, Duration::from_secs(60));
     s.admit_now(&l, "k", 1, &[4]);
     assert!(
-        !s.release_now(&l, "k", 2, 1),
+        !s.release_now(&l, "k", 2, 1, 0),
         "another window: nothing to give back"
     );
-    assert!(s.release_now(&l, "k", 1, 3));
+    assert!(s.release_now(&l, "k", 1, 3, 0));
     assert_eq!(s.peek_now(&l, "k", 1).count, 1);
-    assert!(s.release_now(&l, "k", 1, 9));
+    assert!(s.release_now(&l, "k", 1, 9, 0));
     assert_eq!(s.peek_now(&l, "k", 1).count, 0, "never below zero");
-    assert!(!s.release_now(&l, "k", 1, 1));
+    assert!(!s.release_now(&l, "k", 1, 1, 0));
+    s.admit_now(&l, "k", 1, &[8]);
+    assert!(s.release_now(&l, "k", 1, 6, 5), "3 of 6: never below keep");
+    assert_eq!(s.peek_now(&l, "k", 1).count, 5);
+    assert!(!s.release_now(&l, "k", 1, 1, 5));
 }
 
 #[test]
@@ -233,8 +237,8 @@ fn a_check_late_for_its_window_counts_in_the_newer_one_by_the_shared_rule() {
             count: 2
         }
     );
-    assert!(!s.release_now(&l, "k", 1, 1), "window 1's hits are gone");
-    assert!(s.release_now(&l, "k", 2, 1));
+    assert!(!s.release_now(&l, "k", 1, 1, 0), "window 1's hits are gone");
+    assert!(s.release_now(&l, "k", 2, 1, 0));
     assert_eq!(s.peek_now(&l, "k", 2).count, 1);
 }
 
@@ -309,6 +313,6 @@ fn a_check_of_a_known_key_allocates_nothing() {
     assert!(n <= 1, "admit_now: at most its batch's outcomes, {n}");
     let (n, seen) = crate::alloc_count::allocations(|| s.peek_now(&l, "k", 1));
     assert_eq!((n, seen.count), (0, 3), "peek_now");
-    let (n, released) = crate::alloc_count::allocations(|| s.release_now(&l, "k", 1, 1));
+    let (n, released) = crate::alloc_count::allocations(|| s.release_now(&l, "k", 1, 1, 0));
     assert_eq!((n, released), (0, true), "release_now");
 }

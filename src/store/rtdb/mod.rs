@@ -385,23 +385,25 @@ impl RtdbStore {
         .await
     }
 
-    /// Gives back up to `hits` of `window` (an unspent lease), in one transaction.
+    /// Gives back up to `hits` of `window` (an unspent lease), never below `keep`, in one
+    /// transaction.
     async fn give_back(
         &self,
         limit: &Limit,
         key: &str,
         window: i64,
         hits: u32,
+        keep: u32,
     ) -> Result<bool, StoreError> {
         self.transaction(&self.node(limit, key), |stored| match stored {
-            Some(v) if v.window == window && v.count > 0 && hits > 0 => {
+            Some(v) if v.window == window && v.count > keep && hits > 0 => {
                 let next = WindowCount {
                     window,
-                    count: v.count - hits.min(v.count),
+                    count: v.count - hits.min(v.count - keep),
                 };
                 (Some(next), true)
             }
-            // The window moved on, or nothing is counted: nothing to give back.
+            // The window moved on, or nothing beyond `keep` is counted: nothing to give.
             _ => (None, false),
         })
         .await
@@ -451,8 +453,9 @@ impl CounterStore for RtdbStore {
         key: &str,
         window: i64,
         hits: u32,
+        keep: u32,
     ) -> Result<bool, StoreError> {
-        self.give_back(limit, key, window, hits).await
+        self.give_back(limit, key, window, hits, keep).await
     }
     fn lost_race_since(&self, limit: &Limit, key: &str, since: std::time::Instant) -> bool {
         self.nodes
