@@ -228,9 +228,16 @@ impl Limits {
 
     /// Parses and validates a limits file's text. `origin` names the file in errors.
     pub fn from_toml(origin: &str, text: &str) -> Result<Self, LimitsError> {
-        let spec: FileSpec = toml::from_str(text).map_err(|e| LimitsError::Parse {
-            origin: origin.to_owned(),
-            reason: e.to_string().trim_end().to_owned(),
+        let spec: FileSpec = toml::from_str(text).map_err(|e| {
+            let mut reason = e.to_string().trim_end().to_owned();
+            // `[limit]` is one table where the file needs an array of them.
+            if reason.contains("expected a sequence") {
+                reason.push_str("\n(write each limit as a [[limit]] table, with double brackets)");
+            }
+            LimitsError::Parse {
+                origin: origin.to_owned(),
+                reason,
+            }
         })?;
         if spec.limit.is_empty() {
             return Err(LimitsError::Set {

@@ -67,9 +67,14 @@ async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let clock = ratelimit::clock::system();
     let limiter = Arc::new(config::build_limiter(&args, clock).await?);
     ratelimit::metrics::register_limits(limiter.limits().iter().map(|l| &*l.name));
-    let admin = std::env::var(config::ADMIN_TOKEN_ENV)
-        .ok()
-        .and_then(|t| AdminToken::new(&t));
+    let admin_env = std::env::var(config::ADMIN_TOKEN_ENV).ok();
+    let admin = admin_env.as_deref().and_then(AdminToken::new);
+    if admin_env.is_some() && admin.is_none() {
+        tracing::warn!(
+            "{} is set but blank: admin RPCs (Reset) stay disabled",
+            config::ADMIN_TOKEN_ENV
+        );
+    }
     let addr = args.listen_addr()?;
     let incoming = server::bind(addr)?;
     config::warn_about_timeouts(&args);

@@ -243,3 +243,11 @@ fn two_limits_of_one_name_and_no_default_is_a_duplicate_name() {
     .to_string();
     assert!(e.contains("duplicate name"), "{e}");
 }
+
+#[test]
+fn a_single_bracket_table_is_told_to_use_double_brackets() {
+    let e = parse("[limit]\nname = \"a\"\nrequests = 1\nwindow = \"1s\"\n")
+        .expect_err("one table, not an array")
+        .to_string();
+    assert!(e.contains("[[limit]]"), "{e}");
+}
