@@ -5,12 +5,12 @@
 mod common;
 
 use common::rtdb::{self, NS};
-use common::{T0, limits, req};
+use common::{T0, admin_reset, limits, req};
 use ratelimit::clock::{Clock, ManualClock, SharedClock};
 use ratelimit::limiter::{Limiter, LimiterOptions};
 use ratelimit::limits::Limits;
+use ratelimit::pb::Source;
 use ratelimit::pb::rate_limiter_client::RateLimiterClient;
-use ratelimit::pb::{ResetRequest, Source};
 use ratelimit::server::Running;
 use ratelimit::server::admin::AdminToken;
 use serde_json::json;
@@ -105,7 +105,7 @@ async fn instance(emu: &rtdb_emulator::Emulator, limits: Limits, clock: SharedCl
     let limiter = Arc::new(Limiter::new(limits, store, clock, options));
     let server = Running::start(
         limiter,
-        AdminToken::new("admin-token"),
+        AdminToken::new(common::ADMIN_TOKEN),
         "127.0.0.1:0".parse().expect("addr"),
     )
     .expect("server starts");
@@ -143,14 +143,7 @@ async fn a_reset_through_one_instance_frees_the_key_on_another_within_two_second
     }
 
     // The user signs in; the sign-in service resets the key through A.
-    let mut reset = tonic::Request::new(ResetRequest {
-        key: user.into(),
-        limit: "signin".into(),
-    });
-    reset.metadata_mut().insert(
-        "authorization",
-        "Bearer admin-token".parse().expect("ascii"),
-    );
+    let reset = admin_reset("signin", user);
     let out = a.client.reset(reset).await.expect("reset").into_inner();
     assert!(out.shared, "{out:?}");
     let reset_at = Instant::now();
@@ -196,14 +189,7 @@ async fn a_peek_that_finds_room_after_a_reset_lifts_the_cached_refusal() {
         "B refuses from its cache"
     );
 
-    let mut reset = tonic::Request::new(ResetRequest {
-        key: user.into(),
-        limit: "signin".into(),
-    });
-    reset.metadata_mut().insert(
-        "authorization",
-        "Bearer admin-token".parse().expect("ascii"),
-    );
+    let reset = admin_reset("signin", user);
     assert!(
         a.client
             .reset(reset)

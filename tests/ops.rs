@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::req;
 use common::rtdb::{DB_URL, emulator};
+use common::{admin_reset, req};
 use ratelimit::pb::rate_limiter_client::RateLimiterClient;
 use ratelimit::pb::{ResetRequest, Source};
 use std::io::Read;
@@ -478,7 +478,7 @@ async fn no_caller_key_appears_in_the_log_at_info_while_the_store_fails() {
             "1000000",
         ],
         &[
-            ("RATELIMIT_ADMIN_TOKEN", "admin-token"),
+            ("RATELIMIT_ADMIN_TOKEN", common::ADMIN_TOKEN),
             ("FIREBASE_DATABASE_EMULATOR_HOST", &emu.host()),
         ],
     )
@@ -552,14 +552,7 @@ async fn no_caller_key_appears_in_the_log_at_info_while_the_store_fails() {
             .shared
     );
     faults.set_drop(1.0);
-    let mut reset = tonic::Request::new(ResetRequest {
-        key: email.into(),
-        limit: String::new(),
-    });
-    reset.metadata_mut().insert(
-        "authorization",
-        "Bearer admin-token".parse().expect("ascii"),
-    );
+    let reset = admin_reset("", email);
     assert!(!c.reset(reset).await.expect("reset").into_inner().shared);
     let peek = ratelimit::pb::PeekRequest {
         key: email.into(),

@@ -7,11 +7,11 @@
 mod common;
 
 use common::redis::RedisServer;
-use common::{T0, req};
+use common::{T0, admin_reset, req};
 use ratelimit::clock::ManualClock;
 use ratelimit::limiter::{Limiter, LimiterOptions};
 use ratelimit::limits::{Limit, Limits};
-use ratelimit::pb::{PeekRequest, ResetRequest, Source};
+use ratelimit::pb::{PeekRequest, Source};
 use ratelimit::store::CounterStore;
 use ratelimit::store::redis::{self, GRACE, RedisOptions};
 use std::time::Duration;
@@ -227,14 +227,7 @@ async fn peek_reads_and_reset_deletes_the_key() {
         .expect("peek")
         .into_inner();
     assert_eq!((p.allowed, p.remaining, p.shared), (false, 0, true));
-    let mut reset = tonic::Request::new(ResetRequest {
-        key: "signin-user".into(),
-        limit: String::new(),
-    });
-    reset.metadata_mut().insert(
-        "authorization",
-        "Bearer admin-token".parse().expect("ascii"),
-    );
+    let reset = admin_reset("", "signin-user");
     assert!(
         h.client
             .reset(reset)
@@ -479,14 +472,7 @@ async fn a_reset_through_one_instance_frees_the_key_on_another_after_the_deny_tr
     }
     let r = b.check("signin", user).await;
     assert_eq!((r.allowed, r.source()), (false, Source::DenyCache));
-    let mut reset = tonic::Request::new(ResetRequest {
-        key: user.into(),
-        limit: "signin".into(),
-    });
-    reset.metadata_mut().insert(
-        "authorization",
-        "Bearer admin-token".parse().expect("ascii"),
-    );
+    let reset = admin_reset("signin", user);
     assert!(
         a.client
             .reset(reset)

@@ -5,11 +5,11 @@
 mod common;
 
 use common::rtdb::{self, NS};
-use common::{T0, req};
+use common::{T0, admin_reset, req};
 use ratelimit::clock::ManualClock;
 use ratelimit::limiter::{Limiter, LimiterOptions};
 use ratelimit::limits::Limits;
-use ratelimit::pb::{PeekRequest, ResetRequest, Source};
+use ratelimit::pb::{PeekRequest, Source};
 use ratelimit::store::rtdb::RtdbOptions;
 use ratelimit::store::rtdb::auth::{GoogleTokens, SCOPES, TokenSource};
 use ratelimit::store::rtdb::keys;
@@ -254,14 +254,7 @@ async fn peek_reads_and_reset_deletes_the_node() {
         .expect("peek")
         .into_inner();
     assert_eq!((p.allowed, p.remaining, p.shared), (false, 0, true));
-    let mut reset = tonic::Request::new(ResetRequest {
-        key: "signin-user".into(),
-        limit: String::new(),
-    });
-    reset.metadata_mut().insert(
-        "authorization",
-        "Bearer admin-token".parse().expect("ascii"),
-    );
+    let reset = admin_reset("", "signin-user");
     let r = h.client.reset(reset).await.expect("reset").into_inner();
     assert!(r.shared);
     assert_eq!(

@@ -6,7 +6,7 @@ use ratelimit::clock::{ManualClock, SharedClock};
 use ratelimit::limiter::{Limiter, LimiterOptions};
 use ratelimit::limits::Limits;
 use ratelimit::pb::rate_limiter_client::RateLimiterClient;
-use ratelimit::pb::{CheckRequest, CheckResponse};
+use ratelimit::pb::{CheckRequest, CheckResponse, ResetRequest};
 use ratelimit::server::Running;
 use ratelimit::server::admin::AdminToken;
 use ratelimit::store::{CounterStore, MemoryStore};
@@ -66,6 +66,22 @@ pub fn req(limit: &str, key: &str, cost: u32) -> CheckRequest {
         limit: limit.into(),
         cost,
     }
+}
+
+/// The token the harness's instances (and `tests/ops.rs`'s processes) take for `Reset`.
+pub const ADMIN_TOKEN: &str = "admin-token";
+
+/// A `Reset` of `key` under `limit` (empty: the default) carrying [`ADMIN_TOKEN`].
+pub fn admin_reset(limit: &str, key: &str) -> tonic::Request<ResetRequest> {
+    let mut reset = tonic::Request::new(ResetRequest {
+        key: key.into(),
+        limit: limit.into(),
+    });
+    reset.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {ADMIN_TOKEN}").parse().expect("ascii"),
+    );
+    reset
 }
 
 impl Harness {
@@ -141,7 +157,7 @@ pub mod rtdb {
         options: LimiterOptions,
     ) -> Harness {
         let store = store_on(emu, Arc::new(clock.clone()), &options);
-        start_with(limits, store, clock, Some("admin-token"), options).await
+        start_with(limits, store, clock, Some(ADMIN_TOKEN), options).await
     }
 }
 

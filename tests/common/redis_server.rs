@@ -142,7 +142,7 @@ impl RedisServer {
         options: LimiterOptions,
     ) -> Harness {
         let store = self.store(&clock);
-        start_with(limits, store, clock, Some("admin-token"), options).await
+        start_with(limits, store, clock, Some(super::ADMIN_TOKEN), options).await
     }
 }
 
