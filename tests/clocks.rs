@@ -6,9 +6,9 @@
 
 mod common;
 
+use common::T0;
 use common::redis::RedisServer;
 use common::rtdb::{self, NS};
-use common::{T0, req};
 use ratelimit::clock::ManualClock;
 use ratelimit::limiter::LimiterOptions;
 use ratelimit::limits::{Limit, Limits};
@@ -45,12 +45,7 @@ async fn rtdb_a_counter_far_ahead_of_the_clock_is_replaced_and_one_ahead_is_coun
         "rateLimits/mcp/far",
         json!({ (W + 10).to_string(): 120 }),
     );
-    let r = h
-        .client
-        .check(req("mcp", "far", 1))
-        .await
-        .expect("check")
-        .into_inner();
+    let r = h.check("mcp", "far").await;
     assert_eq!(told(&r), (true, 119, RESET_S, W), "{r:?}");
     assert!(r.shared);
     assert_eq!(
@@ -78,12 +73,7 @@ async fn rtdb_a_counter_far_ahead_of_the_clock_is_replaced_and_one_ahead_is_coun
 
     // One window ahead (another instance crossed the boundary first): counted there.
     emu.set_value(NS, "rateLimits/mcp/next", json!({ (W + 1).to_string(): 5 }));
-    let r = h
-        .client
-        .check(req("mcp", "next", 1))
-        .await
-        .expect("check")
-        .into_inner();
+    let r = h.check("mcp", "next").await;
     assert_eq!(
         (r.allowed, r.remaining, r.window),
         (true, 114, W + 1),
@@ -123,11 +113,6 @@ async fn redis_a_counter_far_ahead_of_the_clock_is_replaced_and_one_ahead_is_cou
         .cmd(&["SET", &far, &format!("{}:120", W + 1_000)])
         .await;
     let mut h = redis.instance(Limits::builtin(), clock, opts()).await;
-    let r = h
-        .client
-        .check(req("mcp", "far", 1))
-        .await
-        .expect("check")
-        .into_inner();
+    let r = h.check("mcp", "far").await;
     assert_eq!(told(&r), (true, 119, RESET_S, W), "{r:?}");
 }
