@@ -278,7 +278,7 @@ impl FallbackLog {
 fn write_summaries(state: &mut LogState, since: Instant, now: Instant) {
     let elapsed = now.duration_since(since);
     let tallies = std::mem::take(&mut state.tallies);
-    for ((limit, reason), t) in tallies.iter().filter(|(_, t)| t.fallbacks > 0) {
+    for ((limit, reason), t) in tallies.into_iter().filter(|(_, t)| t.fallbacks > 0) {
         state.lines += 1;
         tracing::warn!(
             limit = %limit,
@@ -289,13 +289,9 @@ fn write_summaries(state: &mut LogState, since: Instant, now: Instant) {
             seconds = elapsed.as_secs(),
             "fallback decisions (shared=false) since the last report"
         );
+        // Still failing: stays known, so its next event is not logged as a "first".
+        state.tallies.insert((limit, reason), Tally::default());
     }
-    // Pairs still failing stay known, so their next event is not logged as a "first".
-    state.tallies = tallies
-        .into_iter()
-        .filter(|(_, t)| t.fallbacks > 0)
-        .map(|(k, _)| (k, Tally::default()))
-        .collect();
     state.since = (!state.tallies.is_empty()).then_some(now);
 }
 

@@ -139,7 +139,7 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let _summaries = AbortOnDrop(tokio::spawn(write_fallback_summaries(limiter.clone())));
+    let summaries = write_fallback_summaries(limiter.clone());
     let service = RateLimiterServer::new(RateLimitService::new(
         limiter,
         options.admin.clone(),
@@ -177,6 +177,8 @@ pub async fn serve(
         } => {
             tracing::warn!(?drain_timeout, "drain deadline reached; closing the remaining streams");
         }
+        // Never ends; stops with the server.
+        () = summaries => {}
     }
     Ok(())
 }
@@ -189,15 +191,6 @@ async fn write_fallback_summaries(limiter: Arc<Limiter>) {
     loop {
         every.tick().await;
         limiter.flush_fallback_log();
-    }
-}
-
-/// Stops a background task when the server it serves stops, however `serve` returns.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
