@@ -204,8 +204,8 @@ struct LogState {
 /// The first fallback for a `(limit, reason)` pair is logged at once (operators need to
 /// know an outage started); after that, counts are summed and written as one line per
 /// pair every [`LOG_INTERVAL`], by the next fallback or by [`FallbackLog::flush_due`]
-/// (which the server calls every interval), so the last line of an outage is written
-/// within an interval of its end, not at the next outage. A pair that had no fallback for
+/// (which the server calls every second), so the last line of an outage is written
+/// about an interval after its end, not at the next outage. A pair that had no fallback for
 /// a whole interval is forgotten: its next fallback starts a new outage and is logged at
 /// once again.
 #[derive(Default)]

@@ -142,8 +142,7 @@ impl Limiter {
     }
 
     /// Writes the fallback log's summary lines that are due, so an outage's last line
-    /// does not wait for the next fallback (the server calls this every
-    /// [`crate::fallback::LOG_INTERVAL`]).
+    /// does not wait for the next fallback (the server calls this every second).
     pub fn flush_fallback_log(&self) {
         self.fallback.log().flush_due();
     }

@@ -183,10 +183,15 @@ pub async fn serve(
     Ok(())
 }
 
-/// Writes the fallback log's summary lines every interval, whether or not more
+/// How often the server asks the fallback log for its due summary lines. A summary is due
+/// `fallback::LOG_INTERVAL` after the last; asked only that often, out of step with it,
+/// it could wait nearly a second interval. Asking costs one uncontended lock.
+const SUMMARY_POLL: Duration = Duration::from_secs(1);
+
+/// Writes the fallback log's summary lines as they fall due, whether or not more
 /// fallbacks come (`fallback::FallbackLog`).
 async fn write_fallback_summaries(limiter: Arc<Limiter>) {
-    let mut every = tokio::time::interval(crate::fallback::LOG_INTERVAL);
+    let mut every = tokio::time::interval(SUMMARY_POLL);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
