@@ -283,7 +283,7 @@ pub fn warn_about_timeouts(args: &ServeArgs) {
             "--store-timeout is not below --drain-timeout: checks waiting on a slow store at shutdown get no answer"
         );
     }
-    if std::env::var_os("K_SERVICE").is_some() && args.drain_timeout >= Duration::from_secs(10) {
+    if crate::logging::on_cloud_run() && args.drain_timeout >= Duration::from_secs(10) {
         tracing::warn!(
             drain_timeout = ?args.drain_timeout,
             "--drain-timeout is not below Cloud Run's 10 s between SIGTERM and SIGKILL"

@@ -32,11 +32,17 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether this process runs on Cloud Run, which sets `K_SERVICE`.
+#[cfg(feature = "server")]
+pub fn on_cloud_run() -> bool {
+    std::env::var_os("K_SERVICE").is_some()
+}
+
 #[cfg(feature = "server")]
 impl LogFormat {
-    /// JSON on Cloud Run (`K_SERVICE` is set there), text elsewhere.
+    /// JSON on Cloud Run, text elsewhere.
     pub fn detect() -> Self {
-        if std::env::var_os("K_SERVICE").is_some() {
+        if on_cloud_run() {
             LogFormat::Json
         } else {
             LogFormat::Text
